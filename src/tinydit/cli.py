@@ -1,0 +1,154 @@
+"""The ``tinydit`` command: argument parsing only; the work is done by library functions.
+
+    tinydit train   --data shapes|fashion-mnist|cifar10|PATH --preset NAME --steps N --minutes M --out RUN_DIR
+    tinydit sample  --checkpoint FILE --n N --steps S --cfg G --seed K --out FILE.png|FILE.npz|DIR
+    tinydit presets
+
+User mistakes print one line naming the problem and the fix, and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+
+from tinydit.errors import TinyDiTError
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    from tinydit.config import TrainConfig
+    from tinydit.model import DEFAULT_PRESET
+
+    d = TrainConfig()
+    p = sub.add_parser("train", help="train a DiT (re-running the same command continues the run)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--data", default=d.data, help="shapes | fashion-mnist | cifar10 | path of an image folder")
+    p.add_argument("--data-root", default=d.data_root, help="where downloadable data sets are looked for")
+    p.add_argument("--limit", type=int, default=None, help="train on the first N images only")
+    p.add_argument("--preset", default=DEFAULT_PRESET, help="model size (see `tinydit presets`)")
+    p.add_argument("--steps", type=int, default=None, help="stop after N optimizer steps (2000 if no --minutes)")
+    p.add_argument("--minutes", type=float, default=None, help="stop after M minutes of training in total")
+    p.add_argument("--out", default=d.out, help="run directory")
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--warmup", type=int, default=d.warmup)
+    p.add_argument("--ema-decay", type=float, default=d.ema_decay)
+    p.add_argument("--class-dropout", type=float, default=d.class_dropout)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--device", default=d.device, help="auto | cpu | cuda | cuda:N | mps")
+    p.add_argument("--log-every", type=int, default=d.log_every)
+    p.add_argument("--val-every", type=int, default=d.val_every)
+    p.add_argument("--sample-every", type=int, default=d.sample_every)
+    p.add_argument("--ckpt-every", type=int, default=d.ckpt_every)
+    p.add_argument("--sample-steps", type=int, default=d.sample_steps)
+    p.add_argument("--sample-cfg", type=float, default=d.sample_cfg)
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--resume", action="store_true", help="insist on continuing RUN_DIR/checkpoint.pt")
+    group.add_argument("--overwrite", action="store_true", help="start afresh even if RUN_DIR holds a run")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (logs still go to metrics.jsonl)")
+    p.set_defaults(func=cmd_train)
+
+
+def _add_sample(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sample", help="generate images from a checkpoint",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--checkpoint", required=True, help="checkpoint.pt written by `tinydit train`")
+    p.add_argument("--class", dest="classes", action="append", default=None,
+                   help="class name or id (repeat, or comma-separate); default: cycle through all classes")
+    p.add_argument("--n", type=int, default=64, help="number of images")
+    p.add_argument("--steps", type=int, default=32, help="Euler steps")
+    p.add_argument("--cfg", type=float, default=2.0, help="classifier-free guidance scale (1 = off)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="samples.png", help="FILE.png (a grid), FILE.npz or a directory of PNGs")
+    p.add_argument("--nrow", type=int, default=None, help="images per grid row (default: the number of classes)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--no-ema", action="store_true", help="use the raw weights instead of the EMA")
+    p.set_defaults(func=cmd_sample)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from tinydit.config import TrainConfig
+    from tinydit.train import Trainer
+
+    cfg = TrainConfig(
+        out=args.out, data=args.data, data_root=args.data_root, limit=args.limit, preset=args.preset,
+        steps=args.steps, minutes=args.minutes, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
+        ema_decay=args.ema_decay, class_dropout=args.class_dropout, seed=args.seed, device=args.device,
+        log_every=args.log_every, val_every=args.val_every, sample_every=args.sample_every,
+        ckpt_every=args.ckpt_every, sample_steps=args.sample_steps, sample_cfg=args.sample_cfg,
+    )  # fmt: skip
+    trainer = Trainer(cfg, overwrite=args.overwrite, require_resume=args.resume, progress=not args.no_progress)
+    trainer.fit()
+    return 0
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
+    import time
+
+    from tinydit.checkpoint import load_model
+    from tinydit.export import check_output, write_samples
+    from tinydit.sampling import generate, resolve_labels
+    from tinydit.train import resolve_device
+
+    if args.steps < 1:
+        raise TinyDiTError(f"--steps must be >= 1, got {args.steps}")
+    if args.cfg < 0:
+        raise TinyDiTError(f"--cfg must be >= 0 (1 = no guidance), got {args.cfg}")
+    out = check_output(args.out)
+    device = resolve_device(args.device)
+    model, state = load_model(args.checkpoint, ema=not args.no_ema, map_location=device)
+    classes = state["data"]["classes"]
+    y = resolve_labels(args.classes, classes, args.n)
+    started = time.perf_counter()
+    res = generate(model, y, steps=args.steps, cfg_scale=args.cfg, seed=args.seed)
+    nrow = args.nrow or (len(classes) if not args.classes else min(8, args.n))
+    write_samples(res.x, y, out, classes, nrow=nrow)
+    print(f"wrote {args.n} samples to {out} ({res.nfe} model evaluations per image, "
+          f"{time.perf_counter() - started:.1f} s)", file=sys.stderr)
+    return 0
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    from tinydit.model import DEFAULT_PRESET, PRESETS, DiT, count_params, get_preset
+
+    print(f"{'preset':10} {'params':>8} {'dim':>5} {'depth':>5} {'heads':>5} {'patch':>5} {'tokens@32':>9}")
+    for name in PRESETS:
+        cfg = get_preset(name)
+        mark = "  (default)" if name == DEFAULT_PRESET else ""
+        print(f"{name:10} {count_params(DiT(cfg)) / 1e6:7.2f}M {cfg.dim:5} {cfg.depth:5} {cfg.n_heads:5} "
+              f"{cfg.patch_size:5} {cfg.n_tokens:9}{mark}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from tinydit import __version__
+
+    parser = argparse.ArgumentParser(prog="tinydit", description="Flow-matching Diffusion Transformers on small images")
+    parser.add_argument("--version", action="version", version=f"tinydit {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_train(sub)
+    _add_sample(sub)
+    p = sub.add_parser("presets", help="list the model size presets")
+    p.set_defaults(func=cmd_presets)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("default")
+            warnings.formatwarning = lambda msg, cat, *a, **k: f"warning: {msg}\n"
+            return args.func(args)
+    except TinyDiTError as err:
+        print(f"tinydit {args.command}: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except OSError as err:  # disk full, permissions: one line, not a traceback
+        print(f"tinydit {args.command}: error: {err}", file=sys.stderr)
+        return EXIT_USAGE

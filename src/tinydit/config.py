@@ -1,0 +1,81 @@
+"""The training configuration: one typed dataclass, validated on construction.
+
+The resolved config (this plus the model's ``DiTConfig``) is written to ``RUN_DIR/config.json`` and
+into every checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from tinydit.errors import TinyDiTError
+from tinydit.model import DEFAULT_PRESET, PRESETS
+
+__all__ = ["TrainConfig", "TRAJECTORY_FIELDS"]
+
+# Fields that change what a run computes. A run directory can only be continued with the same values;
+# everything else (steps, minutes, logging intervals, device) may change between invocations.
+TRAJECTORY_FIELDS = (
+    "data", "preset", "batch_size", "lr", "warmup", "weight_decay", "grad_clip", "ema_decay",
+    "class_dropout", "seed", "limit",
+)  # fmt: skip
+
+
+@dataclass
+class TrainConfig:
+    out: str = "runs/shapes"  # run directory: config.json, metrics.jsonl, checkpoint.pt, samples/
+    data: str = "shapes"  # shapes | fashion-mnist | cifar10 | path of an image folder
+    data_root: str = "data"  # where downloadable data sets are looked for and stored
+    limit: int | None = None  # use only the first `limit` training images (quick runs)
+    preset: str = DEFAULT_PRESET  # model size, see `tinydit presets`
+    steps: int | None = None  # stop after this many optimizer steps ...
+    minutes: float | None = None  # ... or after this much training wall time, whichever comes first
+    batch_size: int = 128  # images per optimizer step
+    lr: float = 1e-3  # AdamW peak learning rate (constant after warm-up, as in DiT)
+    warmup: int = 100  # linear learning-rate warm-up, in steps
+    weight_decay: float = 0.0  # AdamW weight decay (DiT uses none)
+    grad_clip: float = 1.0  # clip the global gradient norm to this (0 = off)
+    ema_decay: float = 0.999  # EMA of the weights used for sampling; warmed up as min(d, (1+s)/(10+s))
+    class_dropout: float = 0.1  # probability of training on the null label, for classifier-free guidance
+    seed: int = 0  # the one seed behind data order, flips, times, noise and initial weights
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
+    log_every: int = 50  # steps between lines in metrics.jsonl
+    val_every: int = 250  # steps between validation losses on the fixed held-out batch
+    val_size: int = 512  # held-out images used for the validation loss
+    sample_every: int = 500  # steps between sample grids (samples/step_NNNNNN.png)
+    ckpt_every: int = 500  # steps between checkpoints (always one at the end, and on Ctrl-C)
+    sample_steps: int = 32  # Euler steps for the sample grids
+    sample_cfg: float = 2.0  # guidance scale for the sample grids
+
+    def __post_init__(self):
+        if self.preset not in PRESETS:
+            raise TinyDiTError(f"unknown preset {self.preset!r}: use one of {', '.join(PRESETS)}")
+        if self.steps is None and self.minutes is None:
+            self.steps = 2000
+        if self.steps is not None and self.steps < 1:
+            raise TinyDiTError(f"--steps must be >= 1, got {self.steps}")
+        if self.minutes is not None and self.minutes <= 0:
+            raise TinyDiTError(f"--minutes must be > 0, got {self.minutes}")
+        for name in ("batch_size", "log_every", "val_every", "val_size", "sample_every", "ckpt_every", "sample_steps"):
+            if getattr(self, name) < 1:
+                raise TinyDiTError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.limit is not None and self.limit < 1:
+            raise TinyDiTError(f"--limit must be >= 1, got {self.limit}")
+        if self.lr <= 0:
+            raise TinyDiTError(f"--lr must be > 0, got {self.lr}")
+        if self.warmup < 0 or self.weight_decay < 0 or self.grad_clip < 0:
+            raise TinyDiTError("warmup, weight_decay and grad_clip must be >= 0")
+        if not 0 <= self.ema_decay < 1:
+            raise TinyDiTError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
+        if not 0 <= self.class_dropout < 1:
+            raise TinyDiTError(f"class_dropout must be in [0, 1), got {self.class_dropout}")
+        if self.sample_cfg < 0:
+            raise TinyDiTError(f"sample_cfg (guidance scale) must be >= 0, got {self.sample_cfg}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TrainConfig:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})

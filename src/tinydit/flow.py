@@ -1,0 +1,53 @@
+"""Flow matching on the straight line between data and noise (rectified flow; Lipman et al. 2023,
+Liu et al. 2023), in the time convention of SD3 and minRF.
+
+Time convention, used everywhere in TinyDiT:
+
+    t = 0 is data, t = 1 is pure Gaussian noise.
+    x_t = (1 - t) * x0 + t * noise                       (the path, ``interpolate``)
+    v   = d x_t / d t = noise - x0                       (the target velocity, ``velocity_target``)
+
+Training regresses the model's v(x_t, t, y) onto ``noise - x0`` with a mean squared error. Sampling
+starts from noise at t = 1 and integrates dx/dt = v backwards to t = 0 (``tinydit.sampling``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["interpolate", "velocity_target", "sample_t", "flow_loss"]
+
+
+def interpolate(x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """x_t = (1 - t) x0 + t noise.  x0, noise: (N, C, H, W); t: (N,) -> (N, C, H, W)"""
+    t = t.view(-1, *([1] * (x0.dim() - 1)))  # (N, 1, 1, 1)
+    return (1 - t) * x0 + t * noise
+
+
+def velocity_target(x0: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """The constant velocity of the straight path: d x_t / d t = noise - x0."""
+    return noise - x0
+
+
+def sample_t(n: int, generator: torch.Generator | None = None, device: str | torch.device = "cpu") -> torch.Tensor:
+    """Training times, uniform on [0, 1): (n,)."""
+    return torch.rand(n, generator=generator).to(device)
+
+
+def flow_loss(
+    model: nn.Module,
+    x0: torch.Tensor,
+    y: torch.Tensor | None,
+    t: torch.Tensor,
+    noise: torch.Tensor,
+    reduce: bool = True,
+) -> torch.Tensor:
+    """Conditional flow-matching loss || v(x_t, t, y) - (noise - x0) ||^2.
+
+    x0, noise: (N, C, H, W); y, t: (N,). Returns the mean, or per-sample losses (N,) with reduce=False.
+    """
+    x_t = interpolate(x0, noise, t)
+    err = (model(x_t, t, y) - velocity_target(x0, noise)).pow(2)  # (N, C, H, W)
+    per_sample = err.flatten(1).mean(1)  # (N,)
+    return per_sample.mean() if reduce else per_sample

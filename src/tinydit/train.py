@@ -1,0 +1,380 @@
+"""The trainer: AdamW with warm-up and clipping, an EMA of the weights, validation, samples and
+checkpoints, and exact resumption.
+
+Exact resumption: every random draw of step s (which images, their flips, times, noise and guidance
+dropout) comes from a generator seeded with (seed, s), and the batch order of epoch e from one seeded
+with (seed, e). A checkpoint therefore only needs the weights, EMA, optimizer state and step, and on
+a CPU in fp32 a run stopped and resumed ends with exactly the weights of an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from tinydit import __version__, get_device
+from tinydit.checkpoint import load_checkpoint, save_checkpoint, unwrap
+from tinydit.config import TRAJECTORY_FIELDS, TrainConfig
+from tinydit.data import BUILTIN_DATASETS, CachedDataset, load_dataset
+from tinydit.errors import TinyDiTError
+from tinydit.flow import flow_loss, sample_t
+from tinydit.images import save_grid
+from tinydit.model import DiT, DiTConfig, count_params, get_preset
+from tinydit.sampling import class_cycle, euler_sample
+
+__all__ = ["Trainer", "TrainResult", "resolve_device", "ema_update", "ensure_writable_dir"]
+
+VAL_SEED = 1234  # fixed noise for the validation loss, the same in every run
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    if name == "auto":
+        return get_device()
+    try:
+        device = torch.device(name)
+    except RuntimeError as err:
+        raise TinyDiTError(f"unknown device {name!r}: use auto, cpu, cuda, cuda:N or mps") from err
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise TinyDiTError(f"device {name!r} asked for, but CUDA is not available here; use --device cpu")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise TinyDiTError(f"device {name!r} asked for, but MPS is not available here; use --device cpu")
+    return device
+
+
+def ensure_writable_dir(path: Path) -> None:
+    """Create ``path`` if needed and prove we can write there, before any long work starts."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".tinydit-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise TinyDiTError(f"cannot write to output directory {path} ({err.strerror}); choose another --out") from err
+
+
+@torch.no_grad()
+def ema_update(ema: nn.Module, model: nn.Module, decay: float) -> None:
+    """ema <- decay * ema + (1 - decay) * model, for every parameter (buffers are copied)."""
+    ema_params = [p for p in ema.parameters()]
+    params = [p.detach() for p in model.parameters()]
+    torch._foreach_lerp_(ema_params, params, 1.0 - decay)
+    for b_ema, b in zip(ema.buffers(), model.buffers(), strict=True):
+        b_ema.copy_(b)
+
+
+def _generator(*keys: int) -> torch.Generator:
+    """A CPU generator seeded from integer keys, independent of any global RNG state."""
+    seed = 0
+    for k in keys:
+        seed = (seed * 1_000_003 + k) % (2**62)
+    return torch.Generator().manual_seed(seed)
+
+
+@dataclass
+class TrainResult:
+    step: int
+    train_seconds: float
+    val_loss: float | None
+    val_loss_ema: float | None
+    checkpoint: Path
+    samples: Path | None
+
+
+class Trainer:
+    """Trains a DiT with flow matching as ``cfg`` says, continuing ``cfg.out`` if it holds a run."""
+
+    def __init__(self, cfg: TrainConfig, overwrite: bool = False, require_resume: bool = False, progress: bool = True):
+        self.cfg = cfg
+        self.progress = progress
+        self.out = Path(cfg.out)
+        self.ckpt_path = self.out / "checkpoint.pt"
+        self.device = resolve_device(cfg.device)
+        ensure_writable_dir(self.out)
+
+        state = None
+        if self.ckpt_path.exists() and not overwrite:
+            state = load_checkpoint(self.ckpt_path)
+            self._check_same_run(state)
+        elif require_resume:
+            raise TinyDiTError(f"--resume given, but {self.ckpt_path} does not exist; drop --resume to start a run")
+
+        self.data_name = self._data_name(cfg.data)
+        self.train_set = load_dataset(cfg.data, train=True, root=cfg.data_root, limit=cfg.limit)
+        self.val_set = load_dataset(cfg.data, train=False, root=cfg.data_root, limit=cfg.val_size)
+        self.batch_size = min(cfg.batch_size, len(self.train_set))
+        self.steps_per_epoch = len(self.train_set) // self.batch_size
+        self.model_config = get_preset(
+            cfg.preset,
+            img_size=self.train_set.img_size,
+            in_channels=self.train_set.channels,
+            n_classes=len(self.train_set.classes),
+        )
+
+        torch.manual_seed(cfg.seed)
+        self.model = DiT(self.model_config).to(self.device)
+        self.ema = copy.deepcopy(self.model).requires_grad_(False).eval()
+        self.opt = torch.optim.AdamW(
+            self.model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=cfg.weight_decay
+        )
+        self.step = 0
+        self.train_seconds = 0.0
+        if state is not None:
+            self._restore(state)
+        elif overwrite:
+            for old in (self.out / "metrics.jsonl",):
+                old.unlink(missing_ok=True)
+        self._perm_epoch, self._perm = -1, torch.empty(0, dtype=torch.long)
+        self._write_config()
+
+    # ---------------------------------------------------------------------------------- run state
+
+    @staticmethod
+    def _data_name(data: str) -> str:
+        """Built-in names as given; folders as absolute paths, so a run is tied to its images."""
+        key = data.lower().replace("_", "-")
+        return key if key in BUILTIN_DATASETS or key in ("fashionmnist", "fmnist", "cifar-10") else str(
+            Path(data).expanduser().resolve()
+        )
+
+    def _check_same_run(self, state: dict) -> None:
+        old = TrainConfig.from_dict(state["train_config"])
+        old_data, new_data = self._data_name(old.data), self._data_name(self.cfg.data)
+        changed = [
+            f"{name}: {getattr(old, name)!r} -> {getattr(self.cfg, name)!r}"
+            for name in TRAJECTORY_FIELDS
+            if name != "data" and getattr(old, name) != getattr(self.cfg, name)
+        ]
+        if old_data != new_data:
+            changed.insert(0, f"data: {old_data!r} -> {new_data!r}")
+        if changed:
+            raise TinyDiTError(
+                f"{self.out} holds a run with other settings ({'; '.join(changed)}); "
+                "re-run with the same settings to continue it, or choose another --out (or --overwrite)"
+            )
+
+    def _restore(self, state: dict) -> None:
+        if DiTConfig.from_dict(state["model_config"]) != self.model_config:
+            raise TinyDiTError(
+                f"{self.ckpt_path} holds another model ({state['model_config']}); choose another --out"
+            )
+        if state["data"]["classes"] != self.train_set.classes:
+            raise TinyDiTError(
+                f"the classes of {self.cfg.data} changed since {self.ckpt_path} was written "
+                f"({state['data']['classes']} -> {self.train_set.classes}); choose another --out"
+            )
+        self.model.load_state_dict(state["model"])
+        self.ema.load_state_dict(state["ema"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.step = int(state["step"])
+        self.train_seconds = float(state["train_seconds"])
+        torch.set_rng_state(state["rng"]["torch"])
+        if torch.cuda.is_available() and state["rng"].get("cuda"):
+            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+
+    def state_dict(self) -> dict:
+        return {
+            "model_config": self.model_config.to_dict(),
+            "train_config": self.cfg.to_dict(),
+            "data": {
+                "name": self.data_name,
+                "classes": list(self.train_set.classes),
+                "channels": self.train_set.channels,
+                "img_size": self.train_set.img_size,
+            },
+            "model": unwrap(self.model).state_dict(),
+            "ema": unwrap(self.ema).state_dict(),
+            "optimizer": self.opt.state_dict(),
+            "step": self.step,
+            "train_seconds": self.train_seconds,
+            "rng": {
+                "torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            },
+        }
+
+    def save(self) -> Path:
+        save_checkpoint(self.ckpt_path, self.state_dict())
+        return self.ckpt_path
+
+    def _write_config(self) -> None:
+        resolved = {
+            "train": self.cfg.to_dict(),
+            "model": self.model_config.to_dict(),
+            "data": {"name": self.data_name, "classes": self.train_set.classes, "train_images": len(self.train_set)},
+            "params": count_params(self.model),
+            "device": str(self.device),
+            "tinydit_version": __version__,
+            "torch_version": torch.__version__,
+        }
+        (self.out / "config.json").write_text(json.dumps(resolved, indent=2) + "\n")
+
+    def _log(self, record: dict) -> None:
+        with open(self.out / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    # ---------------------------------------------------------------------------------- one step
+
+    def lr_at(self, step: int) -> float:
+        """Linear warm-up to the peak, then constant (DiT trains at a constant rate)."""
+        return self.cfg.lr * min(1.0, (step + 1) / max(1, self.cfg.warmup))
+
+    def ema_decay_at(self, step: int) -> float:
+        """EMA warm-up: early averages forget the random initialisation quickly."""
+        return min(self.cfg.ema_decay, (1 + step) / (10 + step))
+
+    def batch_indices(self, step: int) -> torch.Tensor:
+        epoch, i = divmod(step, self.steps_per_epoch)
+        if epoch != self._perm_epoch:
+            self._perm = torch.randperm(len(self.train_set), generator=_generator(self.cfg.seed, 7919, epoch))
+            self._perm_epoch = epoch
+        return self._perm[i * self.batch_size : (i + 1) * self.batch_size]
+
+    def train_step(self) -> torch.Tensor:
+        """One optimizer step; returns the (detached) loss without synchronising the device."""
+        cfg, dev = self.cfg, self.device
+        g = _generator(cfg.seed, self.step)
+        x, y = self.train_set.batch(self.batch_indices(self.step), generator=g, device=dev)  # (B, C, H, W), (B,)
+        n = x.shape[0]
+        t = sample_t(n, generator=g, device=dev)  # (B,)
+        noise = torch.randn(x.shape, generator=g).to(dev)  # (B, C, H, W)
+        drop = (torch.rand(n, generator=g) < cfg.class_dropout).to(dev)  # (B,) guidance dropout
+        y = torch.where(drop, torch.full_like(y, self.model_config.n_classes), y)
+
+        for group in self.opt.param_groups:
+            group["lr"] = self.lr_at(self.step)
+        loss = flow_loss(self.model, x, y, t, noise)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        self.opt.step()
+        ema_update(self.ema, self.model, self.ema_decay_at(self.step))
+        self.step += 1
+        return loss.detach()
+
+    # ---------------------------------------------------------------------------------- diagnostics
+
+    @torch.no_grad()
+    def validation_loss(self, model: nn.Module) -> float:
+        """Loss on the fixed held-out images with fixed noise and evenly spread t: comparable across runs."""
+        val = self.val_set
+        n = len(val)
+        g = torch.Generator().manual_seed(VAL_SEED)
+        noise = torch.randn(val.images.shape, generator=g)  # (n, C, H, W)
+        t = (torch.arange(n) + 0.5) / n  # (n,) one fixed time per image, covering [0, 1]
+        was_training = model.training
+        model.eval()
+        total = 0.0
+        for i in range(0, n, 256):
+            idx = torch.arange(i, min(i + 256, n))
+            x, y = val.batch(idx, device=self.device)
+            loss = flow_loss(model, x, y, t[idx].to(self.device), noise[idx].to(self.device), reduce=False)
+            total += loss.sum().item()
+        model.train(was_training)
+        return total / n
+
+    @torch.no_grad()
+    def sample_grid(self, per_class: int = 8) -> Path:
+        """EMA samples, one column per class, from fixed noise (the same grid at every step)."""
+        cfg = self.model_config
+        y = class_cycle(per_class * cfg.n_classes, cfg.n_classes, self.device)
+        noise = torch.randn(len(y), cfg.in_channels, cfg.img_size, cfg.img_size, generator=_generator(self.cfg.seed, 31))
+        x = euler_sample(self.ema, noise.to(self.device), y, self.cfg.sample_steps, self.cfg.sample_cfg).x
+        folder = self.out / "samples"
+        folder.mkdir(exist_ok=True)
+        path = folder / f"step_{self.step:06d}.png"
+        save_grid(x.cpu(), path, nrow=cfg.n_classes)
+        save_grid(x.cpu(), self.out / "samples.png", nrow=cfg.n_classes)
+        return path
+
+    # ---------------------------------------------------------------------------------- the loop
+
+    def _done(self, started: float) -> bool:
+        cfg = self.cfg
+        if cfg.steps is not None and self.step >= cfg.steps:
+            return True
+        return cfg.minutes is not None and self._seconds(started) >= cfg.minutes * 60
+
+    def _seconds(self, started: float) -> float:
+        return self.train_seconds + (time.perf_counter() - started)
+
+    def fit(self) -> TrainResult:
+        from tqdm.auto import tqdm
+
+        cfg = self.cfg
+        started = time.perf_counter()
+        if self._done(started):
+            print(f"{self.out}: already trained to step {self.step}; raise --steps or --minutes to continue",
+                  file=sys.stderr)
+            return TrainResult(self.step, self.train_seconds, None, None, self.ckpt_path, None)
+
+        if self.step == 0:
+            print(f"training {cfg.preset} ({count_params(self.model) / 1e6:.2f}M parameters) on {self.data_name} "
+                  f"({len(self.train_set)} images, {self.train_set.channels}x{self.train_set.img_size}x"
+                  f"{self.train_set.img_size}) on {self.device}; run directory {self.out}", file=sys.stderr)
+        else:
+            print(f"continuing {self.out} from step {self.step}", file=sys.stderr)
+        bar = tqdm(total=cfg.steps, initial=self.step, unit="step", disable=not self.progress, dynamic_ncols=True)
+        self.model.train()
+        loss_sum, loss_n, window_start, window_step = torch.zeros((), device=self.device), 0, time.perf_counter(), self.step
+        val = val_ema = None
+        samples = None
+        try:
+            while not self._done(started):
+                loss_sum += self.train_step()
+                loss_n += 1
+                bar.update(1)
+                s = self.step
+                if s % cfg.log_every == 0 or self._done(started):
+                    now = time.perf_counter()
+                    img_s = (s - window_step) * self.batch_size / max(now - window_start, 1e-9)
+                    loss = (loss_sum / loss_n).item()
+                    if not math.isfinite(loss):
+                        raise TinyDiTError(
+                            f"the training loss became {loss} by step {s}; the last good checkpoint is kept. "
+                            "Lower --lr (or raise --warmup) and start again with --overwrite"
+                        )
+                    self._log({"step": s, "loss": loss, "lr": self.lr_at(s - 1), "img_per_s": img_s,
+                               "train_seconds": self._seconds(started)})
+                    postfix = {"loss": f"{loss:.4f}", "img/s": f"{img_s:.0f}"}
+                    if cfg.minutes is not None:
+                        left = max(0.0, cfg.minutes * 60 - self._seconds(started))
+                        postfix["left"] = time.strftime("%M:%S", time.gmtime(left))
+                    bar.set_postfix(postfix)
+                    loss_sum.zero_()
+                    loss_n, window_start, window_step = 0, now, s
+                if s % cfg.val_every == 0:
+                    val, val_ema = self.validation_loss(self.model), self.validation_loss(self.ema)
+                    self._log({"step": s, "val_loss": val, "val_loss_ema": val_ema})
+                if s % cfg.sample_every == 0:
+                    samples = self.sample_grid()
+                if s % cfg.ckpt_every == 0:
+                    self.train_seconds = self._seconds(started)
+                    started = time.perf_counter()
+                    self.save()
+        except KeyboardInterrupt:
+            self.train_seconds = self._seconds(started)
+            self.save()
+            bar.close()
+            print(f"\ninterrupted at step {self.step}; checkpoint saved to {self.ckpt_path}. "
+                  "Re-run the same command to continue.", file=sys.stderr)
+            raise
+        bar.close()
+        self.train_seconds = self._seconds(started)
+        if self.step % cfg.val_every:
+            val, val_ema = self.validation_loss(self.model), self.validation_loss(self.ema)
+            self._log({"step": self.step, "val_loss": val, "val_loss_ema": val_ema})
+        if self.step % cfg.sample_every:
+            samples = self.sample_grid()
+        self.save()
+        print(f"step {self.step}: val loss {val:.4f} (EMA {val_ema:.4f}) after "
+              f"{self.train_seconds / 60:.1f} min; checkpoint {self.ckpt_path}, samples {samples}", file=sys.stderr)
+        return TrainResult(self.step, self.train_seconds, val, val_ema, self.ckpt_path, samples)

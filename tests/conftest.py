@@ -1,0 +1,22 @@
+import pytest
+import torch
+
+from tinydit.config import TrainConfig
+from tinydit.train import Trainer
+
+FAST = dict(preset="dit-0.2m", batch_size=16, limit=256, val_size=32, log_every=2, val_every=4,
+            sample_every=1000, ckpt_every=1000, sample_steps=2, warmup=2)  # fmt: skip
+
+
+def fast_config(out, **kw) -> TrainConfig:
+    """A training config that runs in about a second on a CPU."""
+    return TrainConfig(out=str(out), **{"data": "shapes", **FAST, **kw})
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    """One short shapes run shared by the sampling and CLI tests: (run dir, TrainResult)."""
+    out = tmp_path_factory.mktemp("run")
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    result = Trainer(fast_config(out, steps=8), progress=False).fit()
+    return out, result

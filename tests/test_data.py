@@ -1,0 +1,156 @@
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from tinydit.data import (
+    DEBIAN_FASHION_MNIST,
+    FASHION_MNIST_CLASSES,
+    CachedDataset,
+    ImageFolderDataset,
+    get_cifar10,
+    get_fashion_mnist,
+    load_dataset,
+    make_loader,
+    make_transform,
+)
+from tinydit.errors import TinyDiTError
+
+HAS_FMNIST = (DEBIAN_FASHION_MNIST / "t10k-images-idx3-ubyte.gz").exists()
+
+
+def _write(path: Path, color, size=(40, 30)):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", size, color).save(path)
+
+
+@pytest.fixture
+def folder(tmp_path):
+    root = tmp_path / "pics"
+    _write(root / "cats" / "a.png", (255, 0, 0))
+    _write(root / "cats" / "deep" / "b.jpg", (0, 255, 0))  # nested: its own class "cats/deep"
+    _write(root / "dogs" / "c.bmp", (0, 0, 255), size=(64, 64))
+    _write(root / "dogs" / "d.png", (255, 255, 255))
+    (root / "dogs" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
+    (root / "notes.txt").write_text("ignored: not an image")
+    return root
+
+
+def test_transform_gives_model_range_and_size():
+    img = Image.new("RGB", (50, 40), (255, 0, 0))
+    x = make_transform(32, train=False)(img)
+    assert x.shape == (3, 32, 32) and x.dtype == torch.float32
+    assert torch.allclose(x[0], torch.ones(32, 32)) and torch.allclose(x[1], -torch.ones(32, 32))
+
+
+def test_image_folder_recursive_labels_and_corrupt_file_skipped(folder):
+    with pytest.warns(UserWarning, match="broken.png"):
+        ds = ImageFolderDataset(folder, img_size=32, train=False)
+    assert len(ds) == 4
+    assert ds.classes == ["cats", "cats/deep", "dogs"]
+    x, y = ds[0]
+    assert x.shape == (3, 32, 32) and -1 <= x.min() and x.max() <= 1
+    labels = sorted(ds[i][1] for i in range(len(ds)))
+    assert labels == [0, 1, 2, 2]
+    xb, yb = next(iter(make_loader(ds, batch_size=4, shuffle=False, num_workers=0)))
+    assert xb.shape == (4, 3, 32, 32) and yb.dtype == torch.int64
+
+
+def test_flat_folder_works(tmp_path):
+    for i in range(3):
+        _write(tmp_path / f"{i}.png", (10 * i, 0, 0))
+    ds = ImageFolderDataset(tmp_path)
+    assert len(ds) == 3 and ds.classes == ["."]
+
+
+def test_empty_folder_is_a_clear_error(tmp_path):
+    with pytest.raises(TinyDiTError, match="no images found"):
+        ImageFolderDataset(tmp_path)
+    (tmp_path / "bad.png").write_bytes(b"junk")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(TinyDiTError, match="1 unreadable images"):
+            ImageFolderDataset(tmp_path)
+
+
+def test_loader_shuffles_for_training_and_keeps_order_for_eval():
+    ds = CachedDataset(torch.arange(10, dtype=torch.uint8).view(10, 1, 1, 1).expand(10, 1, 2, 2).clone(),
+                       torch.arange(10), ["c"] * 10)
+    evals = [y.tolist() for _, y in make_loader(ds, batch_size=4, shuffle=False, num_workers=0)]
+    assert evals == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    train = make_loader(ds, batch_size=4, shuffle=True, num_workers=0)
+    batches = [y.tolist() for _, y in train]
+    assert len(batches) == 2 and all(len(b) == 4 for b in batches)  # ragged batch dropped
+
+
+def test_cached_dataset_batch_flips_and_ranges():
+    img = torch.zeros(1, 3, 4, 4, dtype=torch.uint8)
+    img[..., 0] = 255  # left column white
+    ds = CachedDataset(img.expand(64, -1, -1, -1).clone(), torch.zeros(64, dtype=torch.long), ["a"], flip=True)
+    x, y = ds.batch(torch.arange(64), generator=torch.Generator().manual_seed(0))
+    assert x.dtype == torch.float32 and x.min() == -1 and x.max() == 1 and y.shape == (64,)
+    left_white = (x[:, 0, 0, 0] == 1).sum().item()
+    assert 10 < left_white < 54  # some flipped, some not
+    assert torch.equal(x[:, :, :, 0] == 1, x[:, :, :, -1] != 1)
+    x2, _ = ds.batch(torch.arange(64), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(x, x2)  # flips come from the generator
+
+
+def test_cached_from_image_folder_matches_transform(folder):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        train = load_dataset(str(folder), train=True)
+        held = load_dataset(str(folder), train=False)
+    assert train.images.dtype == torch.uint8 and train.images.shape[1:] == (3, 32, 32)
+    assert held.classes == train.classes == ["cats", "cats/deep", "dogs"]
+    assert len(train) + len(held) >= 4
+
+
+def test_unknown_dataset_name_is_a_clear_error():
+    with pytest.raises(TinyDiTError, match="unknown data set"):
+        load_dataset("imagenet-9000")
+
+
+def test_cifar10_missing_offline_is_a_clear_error(tmp_path):
+    with pytest.raises(TinyDiTError, match="CIFAR-10 is not in"):
+        get_cifar10(tmp_path, download=False)
+
+
+def test_fashion_mnist_missing_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setattr("tinydit.data.DEBIAN_FASHION_MNIST", tmp_path / "nowhere")
+    with pytest.raises(TinyDiTError, match="Fashion-MNIST is not in"):
+        get_fashion_mnist(tmp_path, download=False)
+
+
+def test_fashion_mnist_reads_idx_files_from_root(tmp_path, monkeypatch):
+    import gzip
+    import struct
+
+    monkeypatch.setattr("tinydit.data.DEBIAN_FASHION_MNIST", tmp_path / "nowhere")
+    imgs = np.arange(3 * 28 * 28, dtype=np.uint64).astype(np.uint8).reshape(3, 28, 28)
+    with gzip.open(tmp_path / "t10k-images-idx3-ubyte.gz", "wb") as f:
+        f.write(struct.pack(">HBB3I", 0, 8, 3, 3, 28, 28) + imgs.tobytes())
+    with open(tmp_path / "t10k-labels-idx1-ubyte", "wb") as f:  # uncompressed works too
+        f.write(struct.pack(">HBB1I", 0, 8, 1, 3) + bytes([4, 0, 9]))
+    ds = get_fashion_mnist(tmp_path, train=False, download=False)
+    assert ds.images.shape == (3, 1, 28, 28) and torch.equal(ds.images[:, 0], torch.from_numpy(imgs))
+    assert ds.labels.tolist() == [4, 0, 9] and not ds.flip
+
+
+@pytest.mark.skipif(not HAS_FMNIST, reason="Debian's dataset-fashion-mnist is not installed")
+def test_real_fashion_mnist_shapes_and_balance():
+    ds = load_dataset("fashion-mnist", train=False)
+    assert len(ds) == 10000 and ds.images.shape == (10000, 1, 28, 28)
+    assert ds.classes == FASHION_MNIST_CLASSES
+    assert torch.bincount(ds.labels).tolist() == [1000] * 10
+    x, y = ds.batch(torch.arange(128))
+    assert x.shape == (128, 1, 28, 28) and x.min() >= -1 and x.max() <= 1 and y.dtype == torch.int64
+
+
+def test_shapes_via_load_dataset_has_captions_and_limit():
+    ds = load_dataset("shapes", train=False, limit=50)
+    assert len(ds) == 50 and ds.images.shape == (50, 3, 32, 32) and len(ds.captions) == 50
+    assert ds.classes == ["circle", "square", "triangle", "cross"]

@@ -1,0 +1,118 @@
+import json
+
+import pytest
+import torch
+from conftest import fast_config
+
+from tinydit.checkpoint import FORMAT_VERSION, load_checkpoint, load_model, save_checkpoint
+from tinydit.data import DEBIAN_FASHION_MNIST
+from tinydit.errors import TinyDiTError
+from tinydit.train import Trainer, ema_update
+
+HAS_FMNIST = (DEBIAN_FASHION_MNIST / "train-images-idx3-ubyte.gz").exists()
+
+
+def _states_equal(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resumed_run_ends_with_exactly_the_weights_of_an_uninterrupted_one(tmp_path):
+    straight = Trainer(fast_config(tmp_path / "a", steps=6, batch_size=8, limit=20), progress=False)
+    straight.fit()  # 20 images, batch 8: crosses an epoch boundary at step 2 and 4
+
+    Trainer(fast_config(tmp_path / "b", steps=3, batch_size=8, limit=20), progress=False).fit()
+    resumed = Trainer(fast_config(tmp_path / "b", steps=6, batch_size=8, limit=20), progress=False)
+    assert resumed.step == 3
+    resumed.fit()
+
+    assert _states_equal(straight.model.state_dict(), resumed.model.state_dict())
+    assert _states_equal(straight.ema.state_dict(), resumed.ema.state_dict())
+    a, b = straight.opt.state_dict()["state"], resumed.opt.state_dict()["state"]
+    assert all(_states_equal(a[k], b[k]) for k in a)
+    # and the checkpoint on disk holds the same weights
+    assert _states_equal(load_checkpoint(tmp_path / "b" / "checkpoint.pt")["model"], straight.model.state_dict())
+
+
+def test_checkpoint_round_trip_and_contents(tiny_run):
+    out, result = tiny_run
+    state = load_checkpoint(out / "checkpoint.pt")
+    assert state["format_version"] == FORMAT_VERSION and state["step"] == result.step == 8
+    assert {"model", "ema", "optimizer", "rng", "model_config", "train_config", "data"} <= state.keys()
+    assert state["data"]["classes"] == ["circle", "square", "triangle", "cross"]
+    model, _ = load_model(state, ema=True)
+    assert _states_equal(model.state_dict(), state["ema"])
+    assert not _states_equal(state["ema"], state["model"])
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["train"]["preset"] == "dit-0.2m" and cfg["model"]["dim"] == 64
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert any("val_loss" in r for r in lines) and any("img_per_s" in r for r in lines)
+    assert (out / "samples.png").exists()
+
+
+def test_interrupted_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "checkpoint.pt"
+    save_checkpoint(path, {"step": 1})
+
+    def broken_save(obj, f):
+        f.write(b"half a checkpoint")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(path, {"step": 2})
+    monkeypatch.undo()
+    assert load_checkpoint(path)["step"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]  # no temp file left behind
+
+
+def test_foreign_and_future_checkpoints_are_clear_errors(tmp_path):
+    torch.save({"state_dict": {}}, tmp_path / "other.pt")
+    with pytest.raises(TinyDiTError, match="not a TinyDiT checkpoint"):
+        load_checkpoint(tmp_path / "other.pt")
+    (tmp_path / "junk.pt").write_bytes(b"not a zip")
+    with pytest.raises(TinyDiTError, match="not a readable TinyDiT checkpoint"):
+        load_checkpoint(tmp_path / "junk.pt")
+    save_checkpoint(tmp_path / "future.pt", {})
+    state = torch.load(tmp_path / "future.pt", weights_only=True)
+    state["format_version"] = FORMAT_VERSION + 1
+    torch.save(state, tmp_path / "future.pt")
+    with pytest.raises(TinyDiTError, match="format version"):
+        load_checkpoint(tmp_path / "future.pt")
+
+
+def test_continuing_with_other_settings_is_refused_and_keeps_the_run(tmp_path):
+    Trainer(fast_config(tmp_path, steps=2), progress=False).fit()
+    before = (tmp_path / "checkpoint.pt").read_bytes()
+    with pytest.raises(TinyDiTError, match="preset: 'dit-0.2m' -> 'dit-1.9m'"):
+        Trainer(fast_config(tmp_path, steps=4, preset="dit-1.9m"), progress=False)
+    assert (tmp_path / "checkpoint.pt").read_bytes() == before
+    fresh = Trainer(fast_config(tmp_path, steps=1, seed=3), overwrite=True, progress=False)
+    assert fresh.step == 0
+
+
+def test_resume_flag_without_checkpoint_is_an_error(tmp_path):
+    with pytest.raises(TinyDiTError, match="--resume"):
+        Trainer(fast_config(tmp_path, steps=2), require_resume=True, progress=False)
+
+
+def test_minutes_budget_stops_the_run(tmp_path):
+    result = Trainer(fast_config(tmp_path, steps=None, minutes=0.02), progress=False).fit()
+    assert 1 <= result.step and 1.2 <= result.train_seconds < 20
+
+
+def test_ema_update_is_a_lerp():
+    a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    expected = 0.9 * a.weight.detach() + 0.1 * b.weight.detach()
+    ema_update(a, b, 0.9)
+    assert torch.allclose(a.weight, expected)
+
+
+@pytest.mark.skipif(not HAS_FMNIST, reason="Debian's dataset-fashion-mnist is not installed")
+def test_fashion_mnist_validation_loss_falls(tmp_path):
+    cfg = fast_config(tmp_path, data="fashion-mnist", steps=60, batch_size=64, limit=4096, val_size=256,
+                      warmup=10, val_every=1000, lr=2e-3)
+    trainer = Trainer(cfg, progress=False)
+    assert trainer.model_config.in_channels == 1 and trainer.model_config.img_size == 28
+    before = trainer.validation_loss(trainer.model)
+    result = trainer.fit()
+    assert result.val_loss < 0.8 * before, (before, result.val_loss)
