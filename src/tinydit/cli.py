@@ -124,6 +124,11 @@ def cmd_presets(args: argparse.Namespace) -> int:
     return 0
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings as one line each, without source lines: they are meant for users."""
+    print(f"tinydit: warning: {message}", file=sys.stderr)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from tinydit import __version__
 
@@ -140,9 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings():  # restores the warning hooks afterwards
             warnings.simplefilter("default")
-            warnings.formatwarning = lambda msg, cat, *a, **k: f"warning: {msg}\n"
+            warnings.showwarning = _show_warning
             return args.func(args)
     except TinyDiTError as err:
         print(f"tinydit {args.command}: error: {err}", file=sys.stderr)

@@ -1,0 +1,130 @@
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from tinydit.cli import main
+
+FAST_TRAIN = ["--preset", "dit-0.2m", "--batch-size", "16", "--limit", "64", "--log-every", "2",
+              "--val-every", "3", "--sample-every", "3", "--sample-steps", "2", "--warmup", "2", "--no-progress"]  # fmt: skip
+
+
+def run(args, capsys):
+    code = main([str(a) for a in args])
+    captured = capsys.readouterr()
+    return code, captured.err
+
+
+def test_train_then_sample_every_output_kind(tmp_path, capsys):
+    out = tmp_path / "run"
+    code, err = run(["train", "--data", "shapes", "--steps", 3, "--out", out, *FAST_TRAIN], capsys)
+    assert code == 0, err
+    assert (out / "checkpoint.pt").exists() and (out / "samples.png").exists()
+    ckpt = out / "checkpoint.pt"
+
+    code, err = run(["sample", "--checkpoint", ckpt, "--n", 6, "--steps", 2, "--out", tmp_path / "g.png"], capsys)
+    assert code == 0, err
+    assert "4 model evaluations per image" in err  # 2 steps x (conditional + unconditional)
+    assert Image.open(tmp_path / "g.png").size == (4 * 34 + 2, 2 * 34 + 2)  # one column per class
+
+    code, err = run(["sample", "--checkpoint", ckpt, "--n", 5, "--steps", 2, "--cfg", 1, "--out",
+                     tmp_path / "s.npz"], capsys)  # fmt: skip
+    assert code == 0 and "2 model evaluations" in err
+    data = np.load(tmp_path / "s.npz")
+    assert data["images"].dtype == np.uint8 and data["images"].shape == (5, 3, 32, 32)
+    assert data["labels"].dtype == np.int64 and data["labels"].tolist() == [0, 1, 2, 3, 0]
+
+    code, err = run(["sample", "--checkpoint", ckpt, "--n", 3, "--steps", 1, "--class", "square",
+                     "--out", tmp_path / "dir"], capsys)  # fmt: skip
+    assert code == 0, err
+    assert sorted(p.name for p in (tmp_path / "dir").iterdir()) == [f"0000{i}_square.png" for i in range(3)]
+
+    # the same seed gives the same images, another seed others
+    run(["sample", "--checkpoint", ckpt, "--n", 5, "--steps", 2, "--cfg", 1, "--out", tmp_path / "t.npz"], capsys)
+    run(["sample", "--checkpoint", ckpt, "--n", 5, "--steps", 2, "--cfg", 1, "--seed", 1, "--out",
+         tmp_path / "u.npz"], capsys)  # fmt: skip
+    assert np.array_equal(np.load(tmp_path / "t.npz")["images"], data["images"])
+    assert not np.array_equal(np.load(tmp_path / "u.npz")["images"], data["images"])
+
+
+def test_rerunning_the_same_command_continues(tmp_path, capsys):
+    args = ["train", "--data", "shapes", "--out", tmp_path, *FAST_TRAIN]
+    assert run([*args, "--steps", 2], capsys)[0] == 0
+    code, err = run([*args, "--steps", 4], capsys)
+    assert code == 0 and "continuing" in err and "from step 2" in err
+    code, err = run([*args, "--steps", 4], capsys)
+    assert code == 0 and "already trained to step 4" in err
+    assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["step"] == 4
+
+
+def _folder_with_only_corrupt_files(tmp_path):
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "x.png").write_bytes(b"nope")
+    return tmp_path / "bad"
+
+
+def _not_a_checkpoint(tmp_path):
+    torch.save({"weights": torch.zeros(2)}, tmp_path / "other.pt")
+    return tmp_path / "other.pt"
+
+
+@pytest.mark.parametrize("make_args, message", [
+    (lambda p: ["train", "--data", "cifar10", "--data-root", p / "empty", "--out", p / "r"], "CIFAR-10 is not in"),
+    (lambda p: ["train", "--data", p, "--out", p / "r"], "no images found"),
+    (lambda p: ["train", "--data", _folder_with_only_corrupt_files(p), "--out", p / "r"], "1 unreadable images"),
+    (lambda p: ["train", "--data", "mnist-ish", "--out", p / "r"], "unknown data set"),
+    (lambda p: ["train", "--preset", "huge", "--out", p / "r"], "unknown preset"),
+    (lambda p: ["train", "--steps", 0, "--out", p / "r"], "--steps must be >= 1"),
+    (lambda p: ["sample", "--checkpoint", p / "missing.pt"], "does not exist"),
+    (lambda p: ["sample", "--checkpoint", _not_a_checkpoint(p)], "not a TinyDiT checkpoint"),
+    (lambda p: ["sample", "--checkpoint", "CKPT", "--class", "hexagon"], "unknown class 'hexagon'"),
+    (lambda p: ["sample", "--checkpoint", "CKPT", "--steps", 0], "--steps must be >= 1"),
+    (lambda p: ["sample", "--checkpoint", "CKPT", "--cfg", -1], "--cfg must be >= 0"),
+    (lambda p: ["sample", "--checkpoint", "CKPT", "--out", p / "f.txt"], "use an image file"),
+    (lambda p: ["sample", "--checkpoint", "CKPT", "--n", 0, "--out", p / "x.png"], "--n must be >= 1"),
+])  # fmt: skip
+def test_bad_input_is_one_clear_line_and_exit_2(tmp_path, capsys, tiny_run, make_args, message):
+    ckpt = tiny_run[0] / "checkpoint.pt"
+    args = [ckpt if a == "CKPT" else a for a in make_args(tmp_path)]
+    code, err = run(args, capsys)
+    assert code == 2
+    lines = [line for line in err.splitlines() if ": error: " in line]
+    assert len(lines) == 1 and message in lines[0], err
+    assert "Traceback" not in err
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
+def test_unwritable_output_directory(tmp_path, capsys, tiny_run):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    code, err = run(["sample", "--checkpoint", tiny_run[0] / "checkpoint.pt", "--out", locked / "x.png"], capsys)
+    assert code == 2 and "not writable" in err
+
+
+def test_unwritable_output_even_for_root(capsys, tiny_run):
+    code, err = run(["train", "--out", "/proc/tinydit-run"], capsys)  # /proc refuses new entries to root too
+    assert code == 2 and "cannot write to output directory /proc/tinydit-run" in err
+    code, err = run(["sample", "--checkpoint", tiny_run[0] / "checkpoint.pt", "--out", "/proc/tinydit/x.png"], capsys)
+    assert code == 2 and "cannot create output directory /proc/tinydit" in err
+
+
+def test_output_under_a_file_is_a_clear_error(tmp_path, capsys, tiny_run):
+    (tmp_path / "file").write_text("")
+    code, err = run(["train", "--out", tmp_path / "file" / "run"], capsys)
+    assert code == 2 and "cannot write to output directory" in err
+    code, err = run(["sample", "--checkpoint", tiny_run[0] / "checkpoint.pt", "--out", tmp_path / "file" / "x.png"],
+                    capsys)  # fmt: skip
+    assert code == 2 and "not a directory" in err
+
+
+def test_console_script_and_module_entry_point():
+    for cmd in (["tinydit", "presets"], [sys.executable, "-m", "tinydit", "presets"]):
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        assert "dit-1.9m" in res.stdout and "(default)" in res.stdout
+    res = subprocess.run(["tinydit", "sample", "--checkpoint", "nope.pt"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "does not exist" in res.stderr
