@@ -64,7 +64,7 @@ def test_euler_on_linear_field_matches_closed_form_and_converges():
         assert res.nfe == n
         assert math.isclose(res.x.item(), (1 - 1 / n) ** n, rel_tol=1e-5)
         errors.append(abs(res.x.item() - math.exp(-1)))
-    ratios = [a / b for a, b in zip(errors, errors[1:])]
+    ratios = [a / b for a, b in zip(errors, errors[1:], strict=False)]
     assert all(1.8 < r < 2.2 for r in ratios), ratios  # first order: error halves as steps double
 
 

@@ -49,6 +49,7 @@ __all__ = [
     "CachedDataset",
     "CachedCIFAR10",
     "load_dataset",
+    "canonical_name",
     "BUILTIN_DATASETS",
 ]
 
@@ -148,7 +149,8 @@ class ImageFolderDataset(Dataset):
     def __init__(self, root: str | Path, img_size: int = 32, train: bool = True):
         self.root = Path(root)
         if not self.root.is_dir():
-            raise TinyDiTError(f"image folder {self.root} does not exist; pass a folder of images")
+            what = "is not a folder" if self.root.exists() else "does not exist"
+            raise TinyDiTError(f"image folder {self.root} {what}; pass a folder of images")
         candidates = sorted(p for p in self.root.rglob("*") if p.is_file() and p.suffix.lower() in IMG_EXTS)
         self.paths = [p for p in candidates if _readable(p)]
         if not self.paths:
@@ -334,6 +336,16 @@ def _held_out(path: Path) -> bool:
     return hashlib.sha1(str(path).encode()).digest()[0] < 13  # 13 / 256 ~ 5%
 
 
+_ALIASES = {"fashion-mnist": "fashion-mnist", "fashionmnist": "fashion-mnist", "fmnist": "fashion-mnist",
+            "cifar10": "cifar10", "cifar-10": "cifar10", "shapes": "shapes"}  # fmt: skip
+
+
+def canonical_name(name: str) -> str:
+    """A built-in data set's canonical name, or the absolute path of an image folder."""
+    key = name.lower().replace("_", "-")
+    return _ALIASES.get(key) or str(Path(name).expanduser().resolve())
+
+
 def load_dataset(
     name: str,
     train: bool = True,
@@ -349,7 +361,7 @@ def load_dataset(
     choice is stable as files are added) are held out, and if that leaves none the whole folder is
     used for both.
     """
-    key = name.lower().replace("_", "-")
+    key = _ALIASES.get(name.lower().replace("_", "-"))
     if key == "shapes":
         from tinydit.shapes import ShapesDataset
 
@@ -357,9 +369,9 @@ def load_dataset(
         raw = ShapesDataset(n=n if limit is None else min(n, limit), train=train)  # image i does not depend on n
         ds = CachedDataset(raw.images, raw.labels, raw.classes, flip=train)
         ds.captions = list(raw.captions)
-    elif key in ("fashion-mnist", "fashionmnist", "fmnist"):
+    elif key == "fashion-mnist":
         ds = get_fashion_mnist(root, train=train, download=download)
-    elif key in ("cifar10", "cifar-10"):
+    elif key == "cifar10":
         ds = CachedCIFAR10(root, train=train, download=download)
     elif Path(name).expanduser().exists():
         folder = ImageFolderDataset(Path(name).expanduser(), img_size=32, train=False)

@@ -23,7 +23,7 @@ from torch import nn
 from tinydit import __version__, get_device
 from tinydit.checkpoint import load_checkpoint, save_checkpoint, unwrap
 from tinydit.config import TRAJECTORY_FIELDS, TrainConfig
-from tinydit.data import BUILTIN_DATASETS, CachedDataset, load_dataset
+from tinydit.data import canonical_name, load_dataset
 from tinydit.errors import TinyDiTError
 from tinydit.flow import flow_loss, sample_t
 from tinydit.images import save_grid
@@ -106,7 +106,7 @@ class Trainer:
         elif require_resume:
             raise TinyDiTError(f"--resume given, but {self.ckpt_path} does not exist; drop --resume to start a run")
 
-        self.data_name = self._data_name(cfg.data)
+        self.data_name = canonical_name(cfg.data)
         self.train_set = load_dataset(cfg.data, train=True, root=cfg.data_root, limit=cfg.limit)
         self.val_set = load_dataset(cfg.data, train=False, root=cfg.data_root, limit=cfg.val_size)
         self.batch_size = min(cfg.batch_size, len(self.train_set))
@@ -136,17 +136,9 @@ class Trainer:
 
     # ---------------------------------------------------------------------------------- run state
 
-    @staticmethod
-    def _data_name(data: str) -> str:
-        """Built-in names as given; folders as absolute paths, so a run is tied to its images."""
-        key = data.lower().replace("_", "-")
-        return key if key in BUILTIN_DATASETS or key in ("fashionmnist", "fmnist", "cifar-10") else str(
-            Path(data).expanduser().resolve()
-        )
-
     def _check_same_run(self, state: dict) -> None:
         old = TrainConfig.from_dict(state["train_config"])
-        old_data, new_data = self._data_name(old.data), self._data_name(self.cfg.data)
+        old_data, new_data = canonical_name(old.data), canonical_name(self.cfg.data)
         changed = [
             f"{name}: {getattr(old, name)!r} -> {getattr(self.cfg, name)!r}"
             for name in TRAJECTORY_FIELDS
@@ -286,7 +278,8 @@ class Trainer:
         """EMA samples, one column per class, from fixed noise (the same grid at every step)."""
         cfg = self.model_config
         y = class_cycle(per_class * cfg.n_classes, cfg.n_classes, self.device)
-        noise = torch.randn(len(y), cfg.in_channels, cfg.img_size, cfg.img_size, generator=_generator(self.cfg.seed, 31))
+        gen = _generator(self.cfg.seed, 31)
+        noise = torch.randn(len(y), cfg.in_channels, cfg.img_size, cfg.img_size, generator=gen)  # (n, C, H, W)
         x = euler_sample(self.ema, noise.to(self.device), y, self.cfg.sample_steps, self.cfg.sample_cfg).x
         folder = self.out / "samples"
         folder.mkdir(exist_ok=True)
@@ -324,7 +317,8 @@ class Trainer:
             print(f"continuing {self.out} from step {self.step}", file=sys.stderr)
         bar = tqdm(total=cfg.steps, initial=self.step, unit="step", disable=not self.progress, dynamic_ncols=True)
         self.model.train()
-        loss_sum, loss_n, window_start, window_step = torch.zeros((), device=self.device), 0, time.perf_counter(), self.step
+        loss_sum, loss_n = torch.zeros((), device=self.device), 0  # summed on the device: no sync per step
+        window_start, window_step = time.perf_counter(), self.step
         val = val_ema = None
         samples = None
         try:
