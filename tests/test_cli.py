@@ -9,8 +9,8 @@ from PIL import Image
 
 from tinydit.cli import main
 
-FAST_TRAIN = ["--preset", "dit-0.2m", "--batch-size", "16", "--limit", "64", "--log-every", "2",
-              "--val-every", "3", "--sample-every", "3", "--sample-steps", "2", "--warmup", "2", "--no-progress"]  # fmt: skip
+FAST_TRAIN = ["--preset", "dit-0.2m", "--batch-size", "16", "--limit", "64", "--log-every", "2", "--val-every", "3",
+              "--sample-every", "3", "--sample-steps", "2", "--warmup", "2", "--no-progress"]  # fmt: skip
 
 
 def run(args, capsys):

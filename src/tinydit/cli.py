@@ -2,6 +2,7 @@
 
     tinydit train   --data shapes|fashion-mnist|cifar10|PATH --preset NAME --steps N --minutes M --out RUN_DIR
     tinydit sample  --checkpoint FILE --n N --steps S --cfg G --seed K --out FILE.png|FILE.npz|DIR
+    tinydit eval    --checkpoint FILE | --samples FILE.npz|DIR  --data fashion-mnist|shapes --n N --out DIR
     tinydit presets
 
 User mistakes print one line naming the problem and the fix, and exit with status 2.
@@ -68,6 +69,62 @@ def _add_sample(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--no-ema", action="store_true", help="use the raw weights instead of the EMA")
     p.set_defaults(func=cmd_sample)
+
+
+def _add_eval(sub: argparse._SubParsersAction) -> None:
+    from tinydit.evaluate import DEFAULT_CACHE
+
+    p = sub.add_parser("eval", help="FID, KID, precision/recall and class consistency, offline",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", help="generate --n samples from this checkpoint and evaluate them")
+    src.add_argument("--samples", help="evaluate existing samples: an .npz (images, labels) or a folder of images")
+    p.add_argument("--data", default=None, help="reference: fashion-mnist | shapes (default: the checkpoint's)")
+    p.add_argument("--split", default="test", choices=["test", "train"], help="reference split")
+    p.add_argument("--data-root", default="data")
+    p.add_argument("--n", type=int, default=10000, help="samples to generate (with --checkpoint)")
+    p.add_argument("--steps", type=int, default=32, help="Euler steps (with --checkpoint)")
+    p.add_argument("--cfg", type=float, default=2.0, help="guidance scale (with --checkpoint)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--out", required=True, help="directory for metrics.json, report.md and a sample grid")
+    p.add_argument("--inception", action="store_true", help="also compute standard Inception FID (downloads weights)")
+    p.add_argument("--inception-weights", default=None, help="local FID Inception weights (implies --inception)")
+    p.add_argument("--cache-dir", default=str(DEFAULT_CACHE), help="where reference features are cached")
+    p.set_defaults(func=cmd_eval)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    import json
+    import shlex
+    from pathlib import Path
+
+    from tinydit.data import load_dataset
+    from tinydit.evaluate import evaluate, generate_for_eval, load_samples, write_report
+    from tinydit.train import ensure_writable_dir, resolve_device
+
+    out = Path(args.out)
+    ensure_writable_dir(out)
+    extra: dict = {"nfe_per_image": None, "generation_seconds": None}
+    if args.checkpoint:
+        images, labels, data, classes, extra = generate_for_eval(
+            args.checkpoint, args.n, args.steps, args.cfg, args.seed, resolve_device(args.device), args.data
+        )
+    else:
+        if not args.data:
+            raise TinyDiTError("--samples needs --data (fashion-mnist or shapes) to know the reference")
+        data = args.data
+        classes = load_dataset(data, train=False, root=args.data_root, limit=1).classes
+        images, labels = load_samples(args.samples, classes)
+    metrics = evaluate(images, labels, data, split=args.split, root=args.data_root, cache_dir=args.cache_dir,
+                       inception=args.inception, inception_weights=args.inception_weights)
+    metrics.update(extra)
+    command = "tinydit " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if sys.argv[1:2] == ["eval"] else []))
+    report = write_report(out, metrics, command if command != "tinydit " else f"tinydit eval ({vars(args)})",
+                          images, labels, classes)  # fmt: skip
+    print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, dict)}, indent=2))
+    print(f"wrote {out / 'metrics.json'} and {report}", file=sys.stderr)
+    return 0
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -137,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_train(sub)
     _add_sample(sub)
+    _add_eval(sub)
     p = sub.add_parser("presets", help="list the model size presets")
     p.set_defaults(func=cmd_presets)
     return parser

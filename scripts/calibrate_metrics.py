@@ -1,0 +1,71 @@
+"""What do the offline metrics' numbers mean? Evaluate degraded real images against the test split.
+
+    python scripts/calibrate_metrics.py --data fashion-mnist --n 10000
+
+Rows: real training images (the best a generator can hope for), the same images blurred (3x3 box
+filter, 1-3 passes) or with Gaussian pixel noise (std in 0-255 units), and pure noise images. Prints a
+Markdown table with the machine, torch version and date, for docs/metrics.md.
+"""
+
+import argparse
+import datetime
+import platform
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from tinydit.data import load_dataset
+from tinydit.evaluate import evaluate, to_eval_images
+from tinydit.features import feature_net_for
+
+
+def blur(x: torch.Tensor, passes: int) -> torch.Tensor:
+    y = x.float()
+    kernel = torch.ones(y.shape[1], 1, 3, 3) / 9
+    for _ in range(passes):
+        y = F.conv2d(F.pad(y, (1, 1, 1, 1), mode="replicate"), kernel, groups=y.shape[1])
+    return y.round().clamp(0, 255).to(torch.uint8)
+
+
+def noisy(x: torch.Tensor, std: float, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (x.float() + std * torch.randn(x.shape, generator=g)).round().clamp(0, 255).to(torch.uint8)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", default="fashion-mnist", choices=["fashion-mnist", "shapes"])
+    parser.add_argument("--n", type=int, default=10000, help="images per row (the first N training images)")
+    args = parser.parse_args()
+    train = load_dataset(args.data, train=True, limit=args.n)
+    real, labels = to_eval_images(train.images, args.data), train.labels
+    g = torch.Generator().manual_seed(1)
+    rows = [
+        ("real training images", real),
+        ("blurred, 1 pass", blur(real, 1)),
+        ("blurred, 2 passes", blur(real, 2)),
+        ("blurred, 3 passes", blur(real, 3)),
+        ("noise std 8", noisy(real, 8)),
+        ("noise std 16", noisy(real, 16)),
+        ("noise std 32", noisy(real, 32)),
+        ("noise std 64", noisy(real, 64)),
+        ("pure noise (uniform pixels)", torch.randint(0, 256, real.shape, generator=g, dtype=torch.uint8)),
+    ]
+    tag = feature_net_for(args.data)
+    print(f"{args.data}, {args.n} images per row against the test split; {platform.machine()}, "
+          f"torch {torch.__version__}, {datetime.date.today()}")
+    print(f"command: python scripts/calibrate_metrics.py {' '.join(sys.argv[1:])}")
+    print()
+    print(f"| images | fid_{tag} | kid_{tag} (x1000) | precision | recall | class consistency |")
+    print("|---|---|---|---|---|---|")
+    for name, images in rows:
+        m = evaluate(images, labels, args.data)
+        kid_text = f"{1000 * m[f'kid_{tag}_mean']:.3f} ± {1000 * m[f'kid_{tag}_std']:.3f}"
+        print(f"| {name} | {m[f'fid_{tag}']:.3f} | {kid_text} "
+              f"| {m[f'precision_{tag}']:.3f} | {m[f'recall_{tag}']:.3f} | {m[f'class_consistency_{tag}']:.3f} |",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
