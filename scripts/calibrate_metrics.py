@@ -13,24 +13,10 @@ import platform
 import sys
 
 import torch
-import torch.nn.functional as F
 
 from tinydit.data import load_dataset
-from tinydit.evaluate import evaluate, to_eval_images
-from tinydit.features import feature_net_for
-
-
-def blur(x: torch.Tensor, passes: int) -> torch.Tensor:
-    y = x.float()
-    kernel = torch.ones(y.shape[1], 1, 3, 3) / 9
-    for _ in range(passes):
-        y = F.conv2d(F.pad(y, (1, 1, 1, 1), mode="replicate"), kernel, groups=y.shape[1])
-    return y.round().clamp(0, 255).to(torch.uint8)
-
-
-def noisy(x: torch.Tensor, std: float, seed: int = 0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return (x.float() + std * torch.randn(x.shape, generator=g)).round().clamp(0, 255).to(torch.uint8)
+from tinydit.evaluate import add_noise, blur, evaluate, to_eval_images
+from tinydit.features import FEATURE_NETS
 
 
 def main() -> None:
@@ -46,13 +32,13 @@ def main() -> None:
         ("blurred, 1 pass", blur(real, 1)),
         ("blurred, 2 passes", blur(real, 2)),
         ("blurred, 3 passes", blur(real, 3)),
-        ("noise std 8", noisy(real, 8)),
-        ("noise std 16", noisy(real, 16)),
-        ("noise std 32", noisy(real, 32)),
-        ("noise std 64", noisy(real, 64)),
+        ("noise std 8", add_noise(real, 8)),
+        ("noise std 16", add_noise(real, 16)),
+        ("noise std 32", add_noise(real, 32)),
+        ("noise std 64", add_noise(real, 64)),
         ("pure noise (uniform pixels)", torch.randint(0, 256, real.shape, generator=g, dtype=torch.uint8)),
     ]
-    tag = feature_net_for(args.data)
+    tag = FEATURE_NETS[args.data]
     print(f"{args.data}, {args.n} images per row against the test split; {platform.machine()}, "
           f"torch {torch.__version__}, {datetime.date.today()}")
     print(f"command: python scripts/calibrate_metrics.py {' '.join(sys.argv[1:])}")

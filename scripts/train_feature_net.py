@@ -16,21 +16,21 @@ import time
 import torch
 
 from tinydit.data import load_dataset
-from tinydit.evaluate import EVAL_SPECS, to_eval_images
-from tinydit.features import ASSETS, extract, feature_net_for, file_sha256, train_feature_net
+from tinydit.evaluate import eval_spec, to_eval_images
+from tinydit.features import ASSETS, FEATURE_NETS, extract, file_sha256, train_feature_net
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", required=True, choices=sorted(EVAL_SPECS))
+    parser.add_argument("--data", required=True, choices=sorted(FEATURE_NETS))
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(torch.get_num_threads())
-    name = feature_net_for(args.data)
+    name = FEATURE_NETS[args.data]
 
     train = load_dataset(args.data, train=True)
-    test = load_dataset(args.data, train=False, shapes_size=EVAL_SPECS[args.data].reference_size)
+    test = load_dataset(args.data, train=False, shapes_size=eval_spec(args.data).reference_size)
     x_train, x_test = to_eval_images(train.images, args.data), to_eval_images(test.images, args.data)
     started = time.perf_counter()
     net = train_feature_net(x_train, train.labels, len(train.classes), epochs=args.epochs, seed=args.seed)

@@ -13,6 +13,23 @@ def fast_config(out, **kw) -> TrainConfig:
     return TrainConfig(out=str(out), **{"data": "shapes", **FAST, **kw})
 
 
+@pytest.fixture(autouse=True)
+def offline(monkeypatch):
+    """Tests never download: a missing data set must fail fast and the same way with or without a network."""
+    monkeypatch.setenv("TINYDIT_OFFLINE", "1")
+
+
+def fashion_mnist_available() -> bool:
+    from tinydit.data import get_fashion_mnist
+    from tinydit.errors import TinyDiTError
+
+    try:
+        get_fashion_mnist("data", train=False, download=False)
+        return True
+    except TinyDiTError:
+        return False
+
+
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
     """One short shapes run shared by the sampling and CLI tests: (run dir, TrainResult)."""

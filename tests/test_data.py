@@ -4,10 +4,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import fashion_mnist_available
 from PIL import Image
 
 from tinydit.data import (
-    DEBIAN_FASHION_MNIST,
     FASHION_MNIST_CLASSES,
     CachedDataset,
     ImageFolderDataset,
@@ -18,8 +18,9 @@ from tinydit.data import (
     make_transform,
 )
 from tinydit.errors import TinyDiTError
+from tinydit.images import to_uint8
 
-HAS_FMNIST = (DEBIAN_FASHION_MNIST / "t10k-images-idx3-ubyte.gz").exists()
+HAS_FMNIST = fashion_mnist_available()
 
 
 def _write(path: Path, color, size=(40, 30)):
@@ -81,9 +82,12 @@ def test_loader_shuffles_for_training_and_keeps_order_for_eval():
                        torch.arange(10), ["c"] * 10)
     evals = [y.tolist() for _, y in make_loader(ds, batch_size=4, shuffle=False, num_workers=0)]
     assert evals == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    torch.manual_seed(0)
     train = make_loader(ds, batch_size=4, shuffle=True, num_workers=0)
-    batches = [y.tolist() for _, y in train]
-    assert len(batches) == 2 and all(len(b) == 4 for b in batches)  # ragged batch dropped
+    epochs = [[y.tolist() for _, y in train] for _ in range(3)]
+    assert all(len(b) == 2 and all(len(x) == 4 for x in b) for b in epochs)  # ragged batch dropped
+    flat = [sum(b, []) for b in epochs]
+    assert any(f != sorted(f) for f in flat) and len({tuple(f) for f in flat}) > 1  # shuffled, anew each epoch
 
 
 def test_cached_dataset_batch_flips_and_ranges():
@@ -99,14 +103,32 @@ def test_cached_dataset_batch_flips_and_ranges():
     assert torch.equal(x, x2)  # flips come from the generator
 
 
-def test_cached_from_image_folder_matches_transform(folder):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        train = load_dataset(str(folder), train=True)
-        held = load_dataset(str(folder), train=False)
+def test_cached_image_folder_matches_the_transform_and_splits_disjointly(tmp_path, monkeypatch):
+    root = tmp_path / "many"
+    for i in range(120):  # enough files for the ~5% hold-out to pick some
+        _write(root / f"c{i % 3}" / f"{i:03d}.png", (2 * i, 255 - 2 * i, i), size=(48, 40))
+    train, held = load_dataset(str(root), train=True), load_dataset(str(root), train=False)
     assert train.images.dtype == torch.uint8 and train.images.shape[1:] == (3, 32, 32)
-    assert held.classes == train.classes == ["cats", "cats/deep", "dogs"]
-    assert len(train) + len(held) >= 4
+    assert train.flip and not held.flip and train.classes == held.classes == ["c0", "c1", "c2"]
+    assert len(train) + len(held) == 120 and 0 < len(held) < 20
+
+    def colours(ds):
+        return {tuple(ds.images[i, :, 0, 0].tolist()) for i in range(len(ds))}
+
+    assert colours(train).isdisjoint(colours(held))  # no image in both splits
+    assert colours(train) | colours(held) == {(2 * i, 255 - 2 * i, i) for i in range(120)}  # all, exactly
+    x, _ = ImageFolderDataset(root, train=False)[0]  # the transform's output, quantised, is what is cached
+    assert any(torch.equal(to_uint8(x), img) for img in torch.cat([train.images, held.images]))
+    monkeypatch.chdir(tmp_path)  # the same folder by another path splits the same way
+    assert torch.equal(load_dataset("many", train=False).images, held.images)
+
+
+def test_tiny_folder_validates_on_training_images_and_says_so(tmp_path):
+    for i in range(3):
+        _write(tmp_path / f"{i}.png", (10 * i, 0, 0))
+    with pytest.warns(UserWarning, match="too small to hold images out"):
+        held = load_dataset(str(tmp_path), train=False)
+    assert len(held) == 3
 
 
 def test_unknown_dataset_name_is_a_clear_error():
@@ -140,7 +162,7 @@ def test_fashion_mnist_reads_idx_files_from_root(tmp_path, monkeypatch):
     assert ds.labels.tolist() == [4, 0, 9] and not ds.flip
 
 
-@pytest.mark.skipif(not HAS_FMNIST, reason="Debian's dataset-fashion-mnist is not installed")
+@pytest.mark.skipif(not HAS_FMNIST, reason="Fashion-MNIST is absent (./data and Debian's dataset-fashion-mnist)")
 def test_real_fashion_mnist_shapes_and_balance():
     ds = load_dataset("fashion-mnist", train=False)
     assert len(ds) == 10000 and ds.images.shape == (10000, 1, 28, 28)

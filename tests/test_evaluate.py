@@ -4,45 +4,48 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import fashion_mnist_available
 
 from tinydit.cli import main
-from tinydit.data import DEBIAN_FASHION_MNIST, load_dataset
+from tinydit.data import load_dataset
 from tinydit.errors import TinyDiTError
-from tinydit.evaluate import evaluate, load_samples, reference_features, to_eval_images
-from tinydit.features import load_feature_net
+from tinydit.evaluate import (
+    _OfflineExtractor,
+    add_noise,
+    blur,
+    evaluate,
+    load_samples,
+    reference_features,
+    to_eval_images,
+)
+from tinydit.features import extract, load_feature_net
 
-HAS_FMNIST = (DEBIAN_FASHION_MNIST / "t10k-images-idx3-ubyte.gz").exists()
-
-
-def blur(x: torch.Tensor, passes: int) -> torch.Tensor:
-    """uint8 (N, C, S, S) blurred by `passes` 3x3 box filters."""
-    y = x.float()
-    kernel = torch.ones(y.shape[1], 1, 3, 3) / 9
-    for _ in range(passes):
-        y = F.conv2d(F.pad(y, (1, 1, 1, 1), mode="replicate"), kernel, groups=y.shape[1])
-    return y.round().clamp(0, 255).to(torch.uint8)
-
-
-def noise(x: torch.Tensor, std: float) -> torch.Tensor:
-    g = torch.Generator().manual_seed(0)
-    return (x.float() + std * torch.randn(x.shape, generator=g)).round().clamp(0, 255).to(torch.uint8)
+HAS_FMNIST = fashion_mnist_available()
 
 
-def test_shipped_feature_nets_match_their_hashes_and_are_accurate():
-    for name in ("shapes_cnn", "fmnist_cnn"):
-        net, record = load_feature_net(name)
-        assert record["test_accuracy"] > (0.99 if name == "shapes_cnn" else 0.9)
-        assert net.feature_dim == 128 and not net.training
+@pytest.mark.parametrize("data, name, floor", [
+    ("shapes", "shapes_cnn", 0.99),
+    pytest.param("fashion-mnist", "fmnist_cnn", 0.88, marks=pytest.mark.skipif(
+        not HAS_FMNIST, reason="Fashion-MNIST is absent (./data and Debian's dataset-fashion-mnist)")),
+])  # fmt: skip
+def test_shipped_feature_nets_load_and_are_accurate_on_held_out_images(data, name, floor):
+    net, record = load_feature_net(name)  # checks the file against its recorded SHA-256
+    assert net.feature_dim == 128 and not net.training
+    test = load_dataset(data, train=False, limit=1000)
+    _, preds = extract(net, to_eval_images(test.images, data))
+    accuracy = (preds == test.labels).double().mean().item()
+    assert accuracy > floor, accuracy
+    assert abs(accuracy - record["test_accuracy"]) < 0.03  # the manifest tells the truth
 
 
 @pytest.mark.parametrize("data", ["shapes", pytest.param("fashion-mnist", marks=pytest.mark.skipif(
-    not HAS_FMNIST, reason="Debian's dataset-fashion-mnist is not installed"))])
+    not HAS_FMNIST, reason="Fashion-MNIST is absent (./data and Debian's dataset-fashion-mnist)"))])
 def test_metrics_worsen_monotonically_with_blur_and_noise(data, tmp_path):
     real = load_dataset(data, train=True, limit=1000).images
     labels = load_dataset(data, train=True, limit=1000).labels
     results = {}
     for name, imgs in [("real", real), ("blur1", blur(real, 1)), ("blur3", blur(real, 3)),
-                       ("noise16", noise(real, 16)), ("noise48", noise(real, 48))]:  # fmt: skip
+                       ("noise16", add_noise(real, 16)), ("noise48", add_noise(real, 48))]:  # fmt: skip
         results[name] = evaluate(imgs, labels, data, cache_dir=tmp_path, kid_subsets=10)
     tag = "shapes_cnn" if data == "shapes" else "fmnist_cnn"
     fid = {k: v[f"fid_{tag}"] for k, v in results.items()}
@@ -55,26 +58,50 @@ def test_metrics_worsen_monotonically_with_blur_and_noise(data, tmp_path):
 
 
 def test_reference_cache_is_reused_and_invalidated_when_weights_change(tmp_path, monkeypatch):
-    calls = []
-    import tinydit.evaluate as ev
+    import shutil
 
+    import tinydit.evaluate as ev
+    import tinydit.features as features
+
+    calls = []
     real_reference_images = ev.reference_images
     monkeypatch.setattr(ev, "reference_images", lambda *a, **k: calls.append(a) or real_reference_images(*a, **k))
-    feats1, rec1 = reference_features("shapes", "test", cache_dir=tmp_path)
-    feats2, rec2 = reference_features("shapes", "test", cache_dir=tmp_path)
+    ex = _OfflineExtractor("shapes_cnn")
+    feats1, rec1 = reference_features("shapes", "test", ex, cache_dir=tmp_path / "cache")
+    feats2, rec2 = reference_features("shapes", "test", ex, cache_dir=tmp_path / "cache")
     assert len(calls) == 1 and not rec1["cache_hit"] and rec2["cache_hit"] and torch.equal(feats1, feats2)
 
-    net, record = load_feature_net("shapes_cnn")
-    with torch.no_grad():
-        net.head.weight.zero_()
-        next(net.body.parameters()).mul_(2)  # other weights -> other features
-
-    def changed(name, path=None):
-        return net, {**record, "sha256": "0" * 64}
-
-    monkeypatch.setattr(ev, "load_feature_net", changed)
-    feats3, rec3 = reference_features("shapes", "test", cache_dir=tmp_path)
+    # Retrained weights: a new file with a new hash in the manifest must not reuse the cached features.
+    assets = tmp_path / "assets"
+    shutil.copytree(features.ASSETS, assets)
+    state = torch.load(assets / "shapes_cnn.pt", weights_only=True)
+    state["model"] = {k: v * 1.5 if v.is_floating_point() else v for k, v in state["model"].items()}
+    torch.save(state, assets / "shapes_cnn.pt")
+    manifest = json.loads((assets / "feature_nets.json").read_text())
+    manifest["shapes_cnn"]["sha256"] = features.file_sha256(assets / "shapes_cnn.pt")
+    (assets / "feature_nets.json").write_text(json.dumps(manifest))
+    monkeypatch.setattr(features, "ASSETS", assets)
+    feats3, rec3 = reference_features("shapes", "test", _OfflineExtractor("shapes_cnn"), cache_dir=tmp_path / "cache")
     assert len(calls) == 2 and not rec3["cache_hit"] and not torch.equal(feats1, feats3)
+
+    # A damaged cache file is a miss, not a crash.
+    for f in (tmp_path / "cache" / "reference").iterdir():
+        f.write_bytes(b"garbage")
+    _, rec4 = reference_features("shapes", "test", _OfflineExtractor("shapes_cnn"), cache_dir=tmp_path / "cache")
+    assert len(calls) == 3 and not rec4["cache_hit"]
+
+
+def test_a_tampered_feature_net_is_refused(tmp_path, monkeypatch):
+    import shutil
+
+    import tinydit.features as features
+
+    shutil.copytree(features.ASSETS, tmp_path / "assets")
+    with open(tmp_path / "assets" / "shapes_cnn.pt", "ab") as f:
+        f.write(b"\0")
+    monkeypatch.setattr(features, "ASSETS", tmp_path / "assets")
+    with pytest.raises(TinyDiTError, match="does not match its recorded SHA-256"):
+        load_feature_net("shapes_cnn")
 
 
 def test_accepted_sizes_dtypes_and_layouts():
@@ -90,10 +117,12 @@ def test_accepted_sizes_dtypes_and_layouts():
                 torch.zeros(4, 3, 64, 64)):  # fmt: skip
         with pytest.raises(TinyDiTError, match="accepted sizes are 1x28x28 or 1x32x32"):
             to_eval_images(bad, "fashion-mnist")
+    with pytest.raises(TinyDiTError, match="dtype torch.int32"):
+        to_eval_images(x.int(), "fashion-mnist")
     with pytest.raises(TinyDiTError, match="accepted sizes are 3x32x32"):
         to_eval_images(torch.zeros(2, 1, 28, 28), "shapes")
-    with pytest.raises(TinyDiTError, match="no offline feature network for data set 'cifar10'"):
-        to_eval_images(torch.zeros(2, 3, 32, 32), "cifar10")
+    with pytest.raises(TinyDiTError, match="no offline feature network for cifar10.*--inception"):
+        evaluate(torch.zeros(20, 3, 32, 32), None, "cifar10")
 
 
 def test_too_few_samples_is_a_clear_error(tmp_path):
@@ -121,7 +150,7 @@ def test_eval_cli_end_to_end_on_a_tiny_checkpoint(tiny_run, tmp_path, capsys):
                 "recall_shapes_cnn", "class_consistency_shapes_cnn"):  # fmt: skip
         assert isinstance(metrics[key], float), key
     assert metrics["n_samples"] == 40 and metrics["nfe_per_image"] == 4 and metrics["eval_seconds"] > 0
-    assert metrics["command"].startswith("tinydit eval") or "eval" in metrics["command"]
+    assert metrics["command"].startswith(f"tinydit eval --checkpoint {ckpt} --n 40")
     report = (tmp_path / "ev" / "report.md").read_text()
     assert "fid_shapes_cnn" in report and "samples_by_class.png" in report
 
@@ -133,7 +162,7 @@ def test_eval_cli_end_to_end_on_a_tiny_checkpoint(tiny_run, tmp_path, capsys):
     assert code == 0
     again = json.loads((tmp_path / "ev2" / "metrics.json").read_text())
     assert again["fid_shapes_cnn"] == pytest.approx(metrics["fid_shapes_cnn"], rel=1e-6)
-    assert again["feature_net"]["cache_hit"]
+    assert again["feature_nets"]["shapes_cnn"]["cache_hit"]
 
 
 def test_eval_cli_errors(tmp_path, capsys, monkeypatch):
@@ -168,6 +197,9 @@ def _standin_inception_weights(path):
         cls.load_state_dict = original
         fe.load_state_dict_from_url = fe_mod_load
     torch.manual_seed(0)
+    for m in model.modules():  # keep activations at unit scale through 90 layers, so features differ
+        if isinstance(m, torch.nn.Conv2d):
+            torch.nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
     torch.save(model.state_dict(), path)
 
 
@@ -175,16 +207,29 @@ def test_inception_fid_with_local_weights_and_clear_error_offline(tmp_path, monk
     pytest.importorskip("torchmetrics")
     weights = tmp_path / "standin_inception.pth"
     _standin_inception_weights(weights)
-    x = load_dataset("shapes", train=False, limit=24).images
-    from tinydit.evaluate import inception_fid
+    # An image folder as the reference: Inception FID is its only metric.
+    from tinydit.images import save_image
 
-    same = inception_fid(x, x, weights)
-    other = inception_fid(x, blur(x, 3), weights)
-    assert same == pytest.approx(0, abs=1e-2) and other > same
+    folder = tmp_path / "ref"
+    folder.mkdir()
+    ref = load_dataset("shapes", train=False, limit=24)
+    for i in range(24):
+        save_image(ref.batch(torch.tensor([i]))[0][0], folder / f"{i:03d}.png")
+    same = evaluate(ref.images, None, str(folder), inception_weights=weights, cache_dir=tmp_path / "c")
+    other = evaluate(blur(ref.images, 3), None, str(folder), inception_weights=weights, cache_dir=tmp_path / "c")
+    assert same["fid_inception"] == pytest.approx(0, abs=1e-3) and other["fid_inception"] > 1e-3
+    assert "fid_shapes_cnn" not in same and other["feature_nets"]["inception"]["cache_hit"]
     with pytest.raises(TinyDiTError, match="--inception-weights .* does not exist"):
-        inception_fid(x, x, tmp_path / "missing.pth")
+        evaluate(ref.images, None, "shapes", inception_weights=tmp_path / "missing.pth")
+    from fractions import Fraction
+
+    torch.save({"payload": Fraction(1, 2)}, tmp_path / "pickled.pth")  # arbitrary pickled objects: refused
+    with pytest.raises(TinyDiTError, match="not a plain state dict"):
+        evaluate(ref.images, None, "shapes", inception_weights=tmp_path / "pickled.pth")
+    from tinydit.inception import InceptionFeatures
+
     # Nothing cached and the download refused (a closed local port stands in for being offline).
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "hub"))
     monkeypatch.setattr("torch_fidelity.feature_extractor_inceptionv3.URL_INCEPTION_V3", "http://127.0.0.1:9/x.pth")
     with pytest.raises(TinyDiTError, match="could not be downloaded.*--inception-weights PATH"):
-        inception_fid(x, x, None)
+        InceptionFeatures(None)

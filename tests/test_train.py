@@ -2,14 +2,13 @@ import json
 
 import pytest
 import torch
-from conftest import fast_config
+from conftest import fashion_mnist_available, fast_config
 
 from tinydit.checkpoint import FORMAT_VERSION, load_checkpoint, load_model, save_checkpoint
-from tinydit.data import DEBIAN_FASHION_MNIST
 from tinydit.errors import TinyDiTError
 from tinydit.train import Trainer, ema_update
 
-HAS_FMNIST = (DEBIAN_FASHION_MNIST / "train-images-idx3-ubyte.gz").exists()
+HAS_FMNIST = fashion_mnist_available()
 
 
 def _states_equal(a: dict, b: dict) -> bool:
@@ -107,7 +106,7 @@ def test_ema_update_is_a_lerp():
     assert torch.allclose(a.weight, expected)
 
 
-@pytest.mark.skipif(not HAS_FMNIST, reason="Debian's dataset-fashion-mnist is not installed")
+@pytest.mark.skipif(not HAS_FMNIST, reason="Fashion-MNIST is absent (./data and Debian's dataset-fashion-mnist)")
 def test_fashion_mnist_validation_loss_falls(tmp_path):
     cfg = fast_config(tmp_path, data="fashion-mnist", steps=60, batch_size=64, limit=4096, val_size=256,
                       warmup=10, val_every=1000, lr=2e-3)
@@ -116,3 +115,38 @@ def test_fashion_mnist_validation_loss_falls(tmp_path):
     before = trainer.validation_loss(trainer.model)
     result = trainer.fit()
     assert result.val_loss < 0.8 * before, (before, result.val_loss)
+
+
+def test_ctrl_c_stops_at_a_step_boundary_and_the_resume_stays_exact(tmp_path, monkeypatch):
+    import signal
+
+    straight = Trainer(fast_config(tmp_path / "a", steps=6, batch_size=8, limit=20), progress=False)
+    straight.fit()
+
+    original = Trainer.train_step
+
+    def interrupted_mid_step(self):
+        if self.step == 3:
+            signal.raise_signal(signal.SIGINT)  # arrives in the middle of step 4's work
+        return original(self)
+
+    monkeypatch.setattr(Trainer, "train_step", interrupted_mid_step)
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(fast_config(tmp_path / "b", steps=6, batch_size=8, limit=20), progress=False).fit()
+    monkeypatch.setattr(Trainer, "train_step", original)
+    assert load_checkpoint(tmp_path / "b" / "checkpoint.pt")["step"] == 4  # the step it was in, completed
+    resumed = Trainer(fast_config(tmp_path / "b", steps=6, batch_size=8, limit=20), progress=False)
+    resumed.fit()
+    assert _states_equal(straight.model.state_dict(), resumed.model.state_dict())
+    assert _states_equal(straight.ema.state_dict(), resumed.ema.state_dict())
+
+
+def test_non_finite_weights_never_replace_a_good_checkpoint(tmp_path):
+    trainer = Trainer(fast_config(tmp_path, steps=2), progress=False)
+    trainer.fit()
+    good = (tmp_path / "checkpoint.pt").read_bytes()
+    with torch.no_grad():
+        next(trainer.model.parameters()).fill_(float("nan"))
+    with pytest.raises(TinyDiTError, match="NaN or infinite.*last good checkpoint is kept"):
+        trainer.save()
+    assert (tmp_path / "checkpoint.pt").read_bytes() == good

@@ -79,7 +79,8 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", help="generate --n samples from this checkpoint and evaluate them")
     src.add_argument("--samples", help="evaluate existing samples: an .npz (images, labels) or a folder of images")
-    p.add_argument("--data", default=None, help="reference: fashion-mnist | shapes (default: the checkpoint's)")
+    p.add_argument("--data", default=None,
+                   help="reference: fashion-mnist | shapes | cifar10 | image folder (default: the checkpoint's)")
     p.add_argument("--split", default="test", choices=["test", "train"], help="reference split")
     p.add_argument("--data-root", default="data")
     p.add_argument("--n", type=int, default=10000, help="samples to generate (with --checkpoint)")
@@ -100,7 +101,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from tinydit.data import load_dataset
-    from tinydit.evaluate import evaluate, generate_for_eval, load_samples, write_report
+    from tinydit.evaluate import eval_spec, evaluate, generate_for_eval, load_samples, to_eval_images
+    from tinydit.report import write_report
     from tinydit.train import ensure_writable_dir, resolve_device
 
     out = Path(args.out)
@@ -112,16 +114,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
         )
     else:
         if not args.data:
-            raise TinyDiTError("--samples needs --data (fashion-mnist or shapes) to know the reference")
+            raise TinyDiTError("--samples needs --data (fashion-mnist, shapes, cifar10 or a folder) for the reference")
         data = args.data
+        eval_spec(data)
         classes = load_dataset(data, train=False, root=args.data_root, limit=1).classes
         images, labels = load_samples(args.samples, classes)
     metrics = evaluate(images, labels, data, split=args.split, root=args.data_root, cache_dir=args.cache_dir,
                        inception=args.inception, inception_weights=args.inception_weights)
     metrics.update(extra)
-    command = "tinydit " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if sys.argv[1:2] == ["eval"] else []))
-    report = write_report(out, metrics, command if command != "tinydit " else f"tinydit eval ({vars(args)})",
-                          images, labels, classes)  # fmt: skip
+    command = "tinydit " + " ".join(shlex.quote(a) for a in args.argv)
+    report = write_report(out, metrics, command, to_eval_images(images, data), labels, classes)
     print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, dict)}, indent=2))
     print(f"wrote {out / 'metrics.json'} and {report}", file=sys.stderr)
     return 0
@@ -148,13 +150,10 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
     from tinydit.checkpoint import load_model
     from tinydit.export import check_output, write_samples
-    from tinydit.sampling import generate, resolve_labels
+    from tinydit.sampling import check_sampler_args, generate, resolve_labels
     from tinydit.train import resolve_device
 
-    if args.steps < 1:
-        raise TinyDiTError(f"--steps must be >= 1, got {args.steps}")
-    if args.cfg < 0:
-        raise TinyDiTError(f"--cfg must be >= 0 (1 = no guidance), got {args.cfg}")
+    check_sampler_args(args.steps, args.cfg)
     out = check_output(args.out)
     device = resolve_device(args.device)
     model, state = load_model(args.checkpoint, ema=not args.no_ema, map_location=device)
@@ -201,7 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     args = build_parser().parse_args(argv)
+    args.argv = argv  # recorded in reports as the exact command
     try:
         with warnings.catch_warnings():  # restores the warning hooks afterwards
             warnings.simplefilter("default")

@@ -17,7 +17,7 @@ __all__ = ["TrainConfig", "TRAJECTORY_FIELDS"]
 # everything else (steps, minutes, logging intervals, device) may change between invocations.
 TRAJECTORY_FIELDS = (
     "data", "preset", "batch_size", "lr", "warmup", "weight_decay", "grad_clip", "ema_decay",
-    "class_dropout", "seed", "limit",
+    "class_dropout", "seed", "limit", "t_sampling", "t_shift",
 )  # fmt: skip
 
 
@@ -37,6 +37,8 @@ class TrainConfig:
     grad_clip: float = 1.0  # clip the global gradient norm to this (0 = off)
     ema_decay: float = 0.999  # EMA of the weights used for sampling; warmed up as min(d, (1+s)/(10+s))
     class_dropout: float = 0.1  # probability of training on the null label, for classifier-free guidance
+    t_sampling: str = "uniform"  # training times: uniform | logit-normal (SD3)
+    t_shift: float = 1.0  # > 1 moves training times towards noise: t' = s t / (1 + (s - 1) t)
     seed: int = 0  # the one seed behind data order, flips, times, noise and initial weights
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     log_every: int = 50  # steps between lines in metrics.jsonl
@@ -69,6 +71,10 @@ class TrainConfig:
             raise TinyDiTError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
         if not 0 <= self.class_dropout < 1:
             raise TinyDiTError(f"class_dropout must be in [0, 1), got {self.class_dropout}")
+        if self.t_sampling not in ("uniform", "logit-normal"):
+            raise TinyDiTError(f"--t-sampling must be uniform or logit-normal, got {self.t_sampling!r}")
+        if self.t_shift <= 0:
+            raise TinyDiTError(f"--t-shift must be > 0, got {self.t_shift}")
         if self.sample_cfg < 0:
             raise TinyDiTError(f"sample_cfg (guidance scale) must be >= 0, got {self.sample_cfg}")
 

@@ -22,8 +22,10 @@ on the fly. On a CPU this removes decoding, PIL and worker processes from the tr
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
+import os
 import struct
 import warnings
 from pathlib import Path
@@ -35,6 +37,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from torchvision.transforms import v2
 
 from tinydit.errors import TinyDiTError
+from tinydit.images import from_uint8, to_uint8
 
 __all__ = [
     "CIFAR10_CLASSES",
@@ -94,7 +97,7 @@ def _torchvision_cifar10(root: str | Path, train: bool, download: bool, transfor
     try:
         return datasets.CIFAR10(root=str(root), train=train, download=download, transform=transform)
     except Exception as err:  # RuntimeError when absent, URLError/OSError when offline
-        how = "the download failed" if download else "download=False"
+        how = "the download failed" if download else "downloading is off"
         raise TinyDiTError(
             f"CIFAR-10 is not in {root}/cifar-10-batches-py and {how} ({type(err).__name__}: {err}). "
             f"Fix: run once with internet access, or copy cifar-10-python.tar.gz into {root}/"
@@ -187,6 +190,12 @@ def _readable(path: Path) -> bool:
         return False
 
 
+def random_flip(x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Mirror each image of (N, C, H, W) left-right with probability 1/2 (flip draws from ``generator``)."""
+    flip = torch.rand(x.shape[0], generator=generator) < 0.5  # (N,) on the CPU
+    return torch.where(flip.to(x.device).view(-1, 1, 1, 1), x.flip(-1), x)
+
+
 class CachedDataset(Dataset):
     """A whole data set decoded once into memory: uint8 (N, C, H, W) and int64 labels (N,).
 
@@ -212,7 +221,7 @@ class CachedDataset(Dataset):
 
         xs, ys = [], []
         for x, y in tqdm(dataset, desc=desc, leave=False, disable=len(dataset) < 2000):
-            xs.append(((x + 1) * 127.5).round().clamp(0, 255).to(torch.uint8))
+            xs.append(to_uint8(x))
             ys.append(int(y))
         return cls(torch.stack(xs), torch.tensor(ys, dtype=torch.int64), classes, flip)
 
@@ -228,7 +237,7 @@ class CachedDataset(Dataset):
         return self.images.shape[0]
 
     def __getitem__(self, idx: int) -> tuple[torch.Tensor, int]:
-        x = self.images[idx].float() / 127.5 - 1.0  # (C, H, W) in [-1, 1]
+        x = from_uint8(self.images[idx])  # (C, H, W) in [-1, 1]
         if self.flip and torch.rand(()) < 0.5:
             x = x.flip(-1)
         return x, int(self.labels[idx])
@@ -237,11 +246,9 @@ class CachedDataset(Dataset):
         self, indices: torch.Tensor, generator: torch.Generator | None = None, device: str | torch.device = "cpu"
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Images (N, C, H, W) float32 in [-1, 1] and labels (N,) for ``indices``, flipped at random."""
-        x = self.images[indices].to(device, non_blocking=True)  # uint8 (N, C, H, W)
-        x = x.float().div_(127.5).sub_(1.0)
+        x = from_uint8(self.images[indices].to(device, non_blocking=True))  # (N, C, H, W) in [-1, 1]
         if self.flip:
-            flip = torch.rand(len(indices), generator=generator) < 0.5  # (N,)
-            x = torch.where(flip.to(x.device).view(-1, 1, 1, 1), x.flip(-1), x)
+            x = random_flip(x, generator)
         return x, self.labels[indices].to(device, non_blocking=True)
 
     def subset(self, indices: torch.Tensor | list[int], flip: bool | None = None) -> CachedDataset:
@@ -331,9 +338,24 @@ def get_fashion_mnist(root: str | Path = "data", train: bool = True, download: b
 # ---------------------------------------------------------------------------------------- one entry point
 
 
-def _held_out(path: Path) -> bool:
-    """About 1 in 20 files of an image folder is held out for validation, chosen by a hash of its name."""
-    return hashlib.sha1(str(path).encode()).digest()[0] < 13  # 13 / 256 ~ 5%
+def _held_out(relative: Path) -> bool:
+    """About 1 in 20 files of an image folder is held out, chosen by a hash of its path in the folder
+    (never of the absolute path: the split must not depend on how the folder is named or reached)."""
+    return hashlib.sha1(relative.as_posix().encode()).digest()[0] < 13  # 13 / 256 ~ 5%
+
+
+def _folder_signature(root: Path) -> tuple:
+    """Names, sizes and modification times of the files under root: cheap to compute, changes with them."""
+    return tuple(sorted((str(p.relative_to(root)), st.st_size, st.st_mtime_ns)
+                        for p in root.rglob("*") if p.is_file() for st in [p.stat()]))  # fmt: skip
+
+
+@functools.lru_cache(maxsize=4)
+def _decode_folder(root: Path, signature: tuple) -> tuple[CachedDataset, torch.Tensor]:
+    """Decode an image folder once (train and validation splits share it): all images, held-out mask."""
+    folder = ImageFolderDataset(root, img_size=32, train=False)  # warns once per unreadable file
+    held = torch.tensor([_held_out(p.relative_to(root)) for p in folder.paths])  # (N,) bool
+    return CachedDataset.from_dataset(folder, folder.classes), held
 
 
 _ALIASES = {"fashion-mnist": "fashion-mnist", "fashionmnist": "fashion-mnist", "fmnist": "fashion-mnist",
@@ -355,13 +377,15 @@ def load_dataset(
     shapes_size: int | None = None,
 ) -> CachedDataset:
     """A built-in data set by name (``shapes``, ``fashion-mnist``, ``cifar10``) or a folder of images,
-    decoded once into memory. Training splits flip at random; held-out splits do not.
+    decoded once into memory. Training splits flip at random; held-out splits do not. Setting the
+    environment variable ``TINYDIT_OFFLINE=1`` turns every download off.
 
     An image folder has no test split: about 5% of its files (chosen by a hash of the path, so the
     choice is stable as files are added) are held out, and if that leaves none the whole folder is
     used for both.
     """
     key = _ALIASES.get(name.lower().replace("_", "-"))
+    download = download and os.environ.get("TINYDIT_OFFLINE", "") in ("", "0")
     if key == "shapes":
         from tinydit.shapes import ShapesDataset
 
@@ -374,13 +398,15 @@ def load_dataset(
     elif key == "cifar10":
         ds = CachedCIFAR10(root, train=train, download=download)
     elif Path(name).expanduser().exists():
-        folder = ImageFolderDataset(Path(name).expanduser(), img_size=32, train=False)
-        keep = [i for i, p in enumerate(folder.paths) if _held_out(p) != train]
-        if not keep:
-            keep = list(range(len(folder)))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # unreadable files were already reported above
-            ds = CachedDataset.from_dataset(Subset(folder, keep), folder.classes, flip=train)
+        root = Path(name).expanduser().resolve()
+        everything, held = _decode_folder(root, _folder_signature(root))
+        keep = torch.nonzero(held != train).flatten()
+        if len(keep) == 0:
+            if not train:
+                warnings.warn(f"{root} is too small to hold images out ({len(everything)} images): "
+                              "the validation loss is measured on training images", stacklevel=2)
+            keep = torch.arange(len(everything))
+        ds = everything.subset(keep, flip=train)
     else:
         raise TinyDiTError(
             f"unknown data set {name!r}: use one of {', '.join(BUILTIN_DATASETS)} or the path of an image folder"

@@ -8,16 +8,18 @@ Pipeline (``evaluate``):
    the data set's evaluation size (floats are taken to be in [-1, 1] and quantised first).
 3. Offline metrics in the data set's feature network space (``tinydit.features``): FID, KID,
    precision/recall and class consistency, named after the network (``fid_fmnist_cnn``, ...).
-4. Optionally the standard Inception FID through torchmetrics / torch-fidelity.
+4. Optionally the standard Inception FID (``tinydit.inception``); for data sets without an offline
+   feature network (CIFAR-10, image folders) it is the only metric.
 
-Reference features are cached on disk, keyed by data set, split, feature network and its SHA-256.
+Reference features are cached on disk, keyed by data set (and its size and renderer version),
+split, feature network and the SHA-256 of its weights.
 """
 
 from __future__ import annotations
 
-import json
-import re
+import hashlib
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,35 +27,45 @@ import numpy as np
 import torch
 from PIL import Image
 
-from tinydit.data import IMG_EXTS, load_dataset
+from tinydit.data import IMG_EXTS, _decode_folder, _folder_signature, canonical_name, load_dataset
 from tinydit.errors import TinyDiTError
-from tinydit.features import extract, feature_net_for, load_feature_net
+from tinydit.export import safe_name
+from tinydit.features import FEATURE_NETS, extract, load_feature_net
+from tinydit.images import to_uint8
 from tinydit.metrics import MIN_SAMPLES, feature_stats, frechet_distance, kid, precision_recall
 
-__all__ = ["EVAL_SPECS", "EvalSpec", "load_samples", "to_eval_images", "reference_features", "evaluate",
-           "inception_fid", "DEFAULT_CACHE"]  # fmt: skip
+__all__ = ["EvalSpec", "eval_spec", "load_samples", "to_eval_images", "reference_images", "reference_features",
+           "evaluate", "generate_for_eval", "blur", "add_noise", "DEFAULT_CACHE"]  # fmt: skip
 
 DEFAULT_CACHE = Path.home() / ".cache" / "tinydit"
 
 
 @dataclass(frozen=True)
 class EvalSpec:
+    key: str  # identifies the reference images in cache keys
     channels: int
     size: int  # evaluation size S: images are compared as (C, S, S)
-    accepted: tuple[tuple[int, int], ...]  # (C, side) pairs accepted as input; others are an error
-    reference_size: int | None = None  # how many reference images (None: the whole split)
+    accepted: tuple[tuple[int, int], ...]  # (C, side) pairs accepted as input; anything else is an error
+    feature_net: str | None  # the offline feature network, if the data set has one
+    reference_size: int | None = None  # reference images to use (None: the whole split)
 
 
-EVAL_SPECS = {
-    # Native 28x28 (what TinyDiT trains on) and 32x32 padded copies (centre-cropped back to 28).
-    "fashion-mnist": EvalSpec(channels=1, size=28, accepted=((1, 28), (1, 32))),
-    "shapes": EvalSpec(channels=3, size=32, accepted=((3, 32),), reference_size=10000),
-}
+def eval_spec(data: str) -> EvalSpec:
+    """How samples of ``data`` (a built-in name or an image folder) are evaluated."""
+    name = canonical_name(data)
+    if name == "fashion-mnist":  # native 28x28 (what TinyDiT trains on), or 32x32 padded copies
+        return EvalSpec("fashion-mnist", 1, 28, ((1, 28), (1, 32)), FEATURE_NETS[name])
+    if name == "shapes":
+        from tinydit.shapes import RENDER_VERSION
 
-
-def _spec(data: str) -> EvalSpec:
-    feature_net_for(data)  # a clear error for data sets without an offline feature network
-    return EVAL_SPECS[data]
+        return EvalSpec(f"shapes-r{RENDER_VERSION}-n10000", 3, 32, ((3, 32),), FEATURE_NETS[name], 10000)
+    if name == "cifar10":
+        return EvalSpec("cifar10", 3, 32, ((3, 32),), None)
+    folder = Path(name)
+    if not folder.is_dir():
+        raise TinyDiTError(f"unknown reference {data!r}: use fashion-mnist, shapes, cifar10 or an image folder")
+    digest = hashlib.sha1(repr((name, _folder_signature(folder))).encode()).hexdigest()[:12]
+    return EvalSpec(f"folder-{digest}", 3, 32, ((3, 32),), None)
 
 
 def load_samples(path: str | Path, classes: list[str] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
@@ -66,51 +78,54 @@ def load_samples(path: str | Path, classes: list[str] | None = None) -> tuple[np
     if path.suffix == ".npz":
         if not path.is_file():
             raise TinyDiTError(f"samples file {path} does not exist")
-        with np.load(path) as npz:
-            if "images" not in npz:
-                raise TinyDiTError(f"{path} has no 'images' array (found {', '.join(npz.files)}); "
-                                   "save the samples as images=(N, C, H, W) uint8")
-            labels = npz["labels"] if "labels" in npz else None
-            return npz["images"], labels
+        try:
+            with np.load(path, allow_pickle=False) as npz:
+                if "images" not in npz:
+                    raise TinyDiTError(f"{path} has no 'images' array (found {', '.join(npz.files) or 'none'}); "
+                                       "save the samples as images=(N, C, H, W) uint8")
+                return npz["images"], (npz["labels"] if "labels" in npz else None)
+        except (zipfile.BadZipFile, ValueError, OSError) as err:
+            raise TinyDiTError(f"{path} is not a readable .npz of arrays ({type(err).__name__}: {err})") from err
     if not path.is_dir():
         raise TinyDiTError(f"--samples {path}: pass an .npz file or a folder of images")
     files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMG_EXTS)
     if not files:
         raise TinyDiTError(f"no images in {path}")
-    arrays = [np.asarray(Image.open(p)) for p in files]
+    arrays = []
+    for p in files:
+        with Image.open(p) as img:  # palette or RGBA files become plain L or RGB pixels
+            arrays.append(np.asarray(img.convert("L" if img.mode in ("L", "I;16", "1") else "RGB")))
     if len({a.shape for a in arrays}) > 1:
-        raise TinyDiTError(f"the images in {path} have different sizes; give all samples one size")
-    images = np.stack(arrays)  # (N, H, W) or (N, H, W, C)
+        raise TinyDiTError(f"the images in {path} have different sizes or modes; give all samples one size")
+    images = np.stack(arrays)  # (N, H, W) or (N, H, W, 3)
     labels = None
     if classes:
-        lookup = {re.sub(r"[^A-Za-z0-9_-]+", "-", c).strip("-").lower(): i for i, c in enumerate(classes)}
-        names = [re.fullmatch(r"\d+_(.+)", p.stem) for p in files]
-        if all(m and m.group(1).lower() in lookup for m in names):
-            labels = np.array([lookup[m.group(1).lower()] for m in names], dtype=np.int64)
+        lookup = {safe_name(c): i for i, c in enumerate(classes)}
+        names = [p.stem.partition("_")[2].lower() for p in files]
+        if all(n in lookup for n in names):
+            labels = np.array([lookup[n] for n in names], dtype=np.int64)
     return images, labels
 
 
-def to_eval_images(images: np.ndarray | torch.Tensor, data: str) -> torch.Tensor:
+def to_eval_images(images: np.ndarray | torch.Tensor, data: str | EvalSpec) -> torch.Tensor:
     """Any accepted layout and dtype -> uint8 (N, C, S, S) at the data set's evaluation size.
 
     uint8 means [0, 255]; floating point means the model range [-1, 1] and is quantised to uint8
     first, exactly as a PNG of it would be. (N, H, W) and channels-last (N, H, W, C) are accepted.
     """
-    spec = _spec(data)
-    x = torch.as_tensor(np.asarray(images) if not isinstance(images, torch.Tensor) else images)
+    spec = data if isinstance(data, EvalSpec) else eval_spec(data)
+    x = images if isinstance(images, torch.Tensor) else torch.as_tensor(np.asarray(images))
     if x.dim() == 3:
         x = x.unsqueeze(1)  # (N, H, W) -> (N, 1, H, W)
     if x.dim() == 4 and x.shape[1] not in (1, 3) and x.shape[-1] in (1, 3):
         x = x.permute(0, 3, 1, 2)  # (N, H, W, C) -> (N, C, H, W)
     accepted = " or ".join(f"{c}x{s}x{s}" for c, s in spec.accepted)
     if x.dim() != 4 or x.shape[2] != x.shape[3] or (x.shape[1], x.shape[2]) not in spec.accepted:
-        raise TinyDiTError(f"samples of shape {tuple(x.shape)} do not fit {data}: accepted sizes are "
+        raise TinyDiTError(f"samples of shape {tuple(x.shape)} do not fit this reference: accepted sizes are "
                            f"{accepted} (channels x height x width), as uint8 [0, 255] or float [-1, 1]")
-    if x.dtype == torch.uint8:
-        pass
-    elif x.is_floating_point():
-        x = ((x.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
-    else:
+    if x.is_floating_point():
+        x = to_uint8(x)
+    elif x.dtype != torch.uint8:
         raise TinyDiTError(f"samples have dtype {x.dtype}: use uint8 [0, 255] or float [-1, 1]")
     if x.shape[2] != spec.size:
         crop = (x.shape[2] - spec.size) // 2  # a padded copy: take the centre back out
@@ -119,66 +134,55 @@ def to_eval_images(images: np.ndarray | torch.Tensor, data: str) -> torch.Tensor
 
 
 def reference_images(data: str, split: str, root: str | Path = "data") -> tuple[torch.Tensor, torch.Tensor]:
+    """uint8 (N, C, S, S) reference images and labels (N,) of a split."""
     if split not in ("train", "test"):
         raise TinyDiTError(f"unknown split {split!r}: use train or test")
-    spec = _spec(data)
-    ds = load_dataset(data, train=split == "train", root=root, download=True, shapes_size=spec.reference_size)
-    return to_eval_images(ds.images, data), ds.labels
+    spec = eval_spec(data)
+    if spec.key.startswith("folder-"):  # a folder is its own reference, all of it, whatever the split
+        root_dir = Path(canonical_name(data))
+        ds, _ = _decode_folder(root_dir, _folder_signature(root_dir))
+    else:
+        ds = load_dataset(data, train=split == "train", root=root, shapes_size=spec.reference_size)
+    return to_eval_images(ds.images, spec), ds.labels
 
 
 def reference_features(
-    data: str, split: str = "test", root: str | Path = "data", cache_dir: str | Path | None = DEFAULT_CACHE
+    data: str, split: str, extractor, cache_dir: str | Path | None = DEFAULT_CACHE, root: str | Path = "data"
 ) -> tuple[torch.Tensor, dict]:
-    """Features (N, F) of a reference split, cached under a key of data set, split, network and hash."""
-    net, record = load_feature_net(feature_net_for(data))
-    key = f"{data}-{split}-{record['name']}-{record['sha256'][:16]}"
+    """Reference features, cached on disk under data set, split, feature network name and hash.
+
+    ``extractor`` is a callable (uint8 images -> features) with ``name`` and ``sha256`` attributes.
+    """
+    key = f"{eval_spec(data).key}-{split}-{extractor.name}-{extractor.sha256[:16]}"
     cache = Path(cache_dir) / "reference" / f"{key}.pt" if cache_dir is not None else None
     if cache is not None and cache.is_file():
-        state = torch.load(cache, map_location="cpu", weights_only=True)
-        if state.get("key") == key:
-            return state["features"], {**record, "cache": str(cache), "cache_hit": True}
+        try:
+            state = torch.load(cache, map_location="cpu", weights_only=True)
+            if state.get("key") == key:
+                return state["features"], {"cache": str(cache), "cache_hit": True}
+        except Exception:  # a damaged cache file is a miss, rewritten below
+            pass
     images, _ = reference_images(data, split, root)
-    feats, _ = extract(net, images)
+    feats = extractor(images)
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_name(cache.name + ".tmp")
         mu, sigma = feature_stats(feats)
         torch.save({"key": key, "features": feats, "mu": mu, "sigma": sigma}, tmp)
         tmp.replace(cache)
-    return feats, {**record, "cache": str(cache) if cache else None, "cache_hit": False}
+    return feats, {"cache": str(cache) if cache else None, "cache_hit": False}
 
 
-def inception_fid(real: torch.Tensor, fake: torch.Tensor, weights: str | Path | None = None) -> float:
-    """Standard Inception FID (torchmetrics over torch-fidelity's FID Inception) on uint8 images.
+class _OfflineExtractor:
+    """A shipped feature network as a callable with a name and a hash, remembering its predictions."""
 
-    ``weights``: a local copy of the FID Inception weights (pt_inception-2015-12-05); without it the
-    weights are downloaded once into torch's hub cache.
-    """
-    try:
-        from torchmetrics.image.fid import FrechetInceptionDistance
-    except ImportError as err:
-        raise TinyDiTError("Inception FID needs torchmetrics and torch-fidelity: "
-                           "pip install 'tinydit[inception]'; the offline metrics need neither") from err
-    if weights is not None and not Path(weights).is_file():
-        raise TinyDiTError(f"--inception-weights {weights} does not exist")
-    try:
-        fid = FrechetInceptionDistance(feature=2048, normalize=False,
-                                       feature_extractor_weights_path=str(weights) if weights else None)
-    except Exception as err:  # URLError / OSError when offline, RuntimeError for a wrong file
-        raise TinyDiTError(
-            f"the Inception weights could not be {'loaded' if weights else 'downloaded'} "
-            f"({type(err).__name__}: {str(err).splitlines()[0][:120]}). Offline, pass a local copy with "
-            "--inception-weights PATH, or use the offline metrics (the default)"
-        ) from err
+    def __init__(self, name: str):
+        self.net, self.record = load_feature_net(name)
+        self.name, self.sha256 = name, self.record["sha256"]
 
-    def rgb(x: torch.Tensor) -> torch.Tensor:
-        return x.expand(-1, 3, -1, -1) if x.shape[1] == 1 else x
-
-    for i in range(0, len(real), 250):
-        fid.update(rgb(real[i : i + 250]), real=True)
-    for i in range(0, len(fake), 250):
-        fid.update(rgb(fake[i : i + 250]), real=False)
-    return float(fid.compute())
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        feats, self.predictions = extract(self.net, images)
+        return feats
 
 
 def evaluate(
@@ -195,43 +199,51 @@ def evaluate(
 ) -> dict:
     """All metrics for ``samples`` against the ``split`` of ``data``, as a flat JSON-ready dict."""
     started = time.perf_counter()
-    fake = to_eval_images(samples, data)
+    spec = eval_spec(data)
+    fake = to_eval_images(samples, spec)
     if fake.shape[0] < MIN_SAMPLES:
         raise TinyDiTError(f"{fake.shape[0]} samples are too few to evaluate; give at least {MIN_SAMPLES} "
                            "(FID is only comparable at equal N, 10000 is customary)")
-    net, record = load_feature_net(feature_net_for(data))
-    real_feats, ref_record = reference_features(data, split, root, cache_dir)
-    fake_feats, preds = extract(net, fake)
-    tag = record["name"]
-    # precision / recall compare sets of equal size: a fixed subset of the reference when it is larger
-    gen = torch.Generator().manual_seed(0)
-    real_pr = real_feats[torch.randperm(len(real_feats), generator=gen)[: len(fake_feats)]]
-    precision, recall = precision_recall(real_pr, fake_feats)
-    kid_mean, kid_std = kid(real_feats, fake_feats, subsets=kid_subsets, subset_size=kid_subset_size)
-    out = {
-        f"fid_{tag}": frechet_distance(*feature_stats(real_feats), *feature_stats(fake_feats)),
-        f"kid_{tag}_mean": kid_mean,
-        f"kid_{tag}_std": kid_std,
-        f"precision_{tag}": precision,
-        f"recall_{tag}": recall,
-    }
+    y = None
     if labels is not None:
-        y = torch.as_tensor(np.asarray(labels), dtype=torch.int64)
-        if y.shape != (fake.shape[0],):
+        y = torch.as_tensor(np.asarray(labels), dtype=torch.int64).reshape(-1)
+        if y.shape[0] != fake.shape[0]:
             raise TinyDiTError(f"{y.shape[0]} labels for {fake.shape[0]} samples; give one label per sample")
-        out[f"class_consistency_{tag}"] = (preds == y).double().mean().item()
+    if spec.feature_net is None and not (inception or inception_weights):
+        raise TinyDiTError(f"no offline feature network for {data}: offline metrics exist for fashion-mnist and "
+                           "shapes; use --inception (or --inception-weights PATH) for Inception FID")
+    out: dict = {}
+    nets: dict = {}
+    if spec.feature_net is not None:
+        ex = _OfflineExtractor(spec.feature_net)
+        real, ref = reference_features(data, split, ex, cache_dir, root)
+        fake_feats = ex(fake)
+        tag = ex.name
+        gen = torch.Generator().manual_seed(0)  # precision/recall compare equal-sized sets
+        real_pr = real[torch.randperm(len(real), generator=gen)[: len(fake_feats)]]
+        precision, recall = precision_recall(real_pr, fake_feats)
+        kid_mean, kid_std = kid(real, fake_feats, subsets=kid_subsets, subset_size=kid_subset_size)
+        out.update({
+            f"fid_{tag}": frechet_distance(*feature_stats(real), *feature_stats(fake_feats)),
+            f"kid_{tag}_mean": kid_mean,
+            f"kid_{tag}_std": kid_std,
+            f"precision_{tag}": precision,
+            f"recall_{tag}": recall,
+        })  # fmt: skip
+        if y is not None:
+            out[f"class_consistency_{tag}"] = (ex.predictions == y).double().mean().item()
+        out["n_reference"] = int(real.shape[0])
+        nets[tag] = {"sha256": ex.sha256, "test_accuracy": ex.record.get("test_accuracy"), **ref}
     if inception or inception_weights:
-        real_images, _ = reference_images(data, split, root)
-        out["fid_inception"] = inception_fid(real_images, fake, inception_weights)
-    out.update(
-        n_samples=int(fake.shape[0]),
-        n_reference=int(real_feats.shape[0]),
-        data=data,
-        split=split,
-        feature_net={k: ref_record[k] for k in ("name", "sha256", "test_accuracy", "cache", "cache_hit")
-                     if k in ref_record},  # fmt: skip
-        eval_seconds=time.perf_counter() - started,
-    )
+        from tinydit.inception import InceptionFeatures
+
+        ex = InceptionFeatures(inception_weights)
+        real, ref = reference_features(data, split, ex, cache_dir, root)
+        out["fid_inception"] = frechet_distance(*feature_stats(real), *feature_stats(ex(fake)))
+        out["n_reference"] = int(real.shape[0])
+        nets["inception"] = {"sha256": ex.sha256, **ref}
+    out.update(n_samples=int(fake.shape[0]), data=canonical_name(data), split=split, feature_nets=nets,
+               eval_seconds=time.perf_counter() - started)  # fmt: skip
     return out
 
 
@@ -240,15 +252,16 @@ def generate_for_eval(
 ) -> tuple[torch.Tensor, torch.Tensor, str, list[str], dict]:
     """n class-balanced samples from a checkpoint: images, labels, data set, classes, sampler info."""
     from tinydit.checkpoint import load_model
-    from tinydit.sampling import class_cycle, generate
+    from tinydit.sampling import check_sampler_args, class_cycle, generate
 
-    if n < 1 or steps < 1 or cfg_scale < 0:
-        raise TinyDiTError(f"--n ({n}) and --steps ({steps}) must be >= 1 and --cfg ({cfg_scale}) >= 0")
+    check_sampler_args(steps, cfg_scale)
+    if n < 1:
+        raise TinyDiTError(f"--n must be >= 1, got {n}")
     model, state = load_model(checkpoint, map_location=device)
     trained_on = state["data"]["name"]
-    if data is not None and data != trained_on:
+    if data is not None and canonical_name(data) != trained_on:
         raise TinyDiTError(f"{checkpoint} was trained on {trained_on}, not {data}; drop --data")
-    _spec(trained_on)
+    eval_spec(trained_on)
     classes = state["data"]["classes"]
     labels = class_cycle(n, len(classes))
     started = time.perf_counter()
@@ -258,47 +271,18 @@ def generate_for_eval(
     return res.x, labels, trained_on, classes, info
 
 
-def class_grid(images: torch.Tensor, labels: torch.Tensor, n_classes: int, per_class: int = 10) -> torch.Tensor | None:
-    """uint8 samples -> one row per class (float [-1, 1]), or None if some class has too few samples."""
-    rows = [images[labels == c][:per_class] for c in range(n_classes)]
-    if any(len(r) < per_class for r in rows):
-        return None
-    return torch.cat(rows).float() / 127.5 - 1.0  # (n_classes * per_class, C, S, S)
+def blur(images: torch.Tensor, passes: int) -> torch.Tensor:
+    """uint8 (N, C, S, S) blurred by ``passes`` 3x3 box filters: a calibration degradation."""
+    import torch.nn.functional as F
+
+    x = images.float()
+    kernel = torch.ones(x.shape[1], 1, 3, 3) / 9  # (C, 1, 3, 3): one filter per channel
+    for _ in range(passes):
+        x = F.conv2d(F.pad(x, (1, 1, 1, 1), mode="replicate"), kernel, groups=x.shape[1])
+    return x.round().clamp(0, 255).to(torch.uint8)
 
 
-def write_report(
-    out_dir: Path, metrics: dict, command: str, images=None, labels=None, classes: list[str] | None = None
-) -> Path:
-    """metrics.json and a Markdown report (the exact command, metric table, a grid of samples per class)."""
-    from tinydit.images import save_grid
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    grid_png = None
-    if images is not None and labels is not None and classes:
-        grid = class_grid(to_eval_images(images, metrics["data"]), torch.as_tensor(np.asarray(labels)), len(classes))
-        if grid is not None:
-            grid_png = out_dir / "samples_by_class.png"
-            save_grid(grid, grid_png, nrow=10)
-    (out_dir / "metrics.json").write_text(json.dumps({**metrics, "command": command}, indent=2) + "\n")
-    rows = [f"| {k} | {v:.5g} |" if isinstance(v, float) else f"| {k} | {v} |"
-            for k, v in metrics.items() if not isinstance(v, dict)]  # fmt: skip
-    net = metrics.get("feature_net", {})
-    lines = [
-        f"# TinyDiT evaluation: {metrics['data']} ({metrics['split']} split)",
-        "",
-        "```",
-        command,
-        "```",
-        "",
-        "| metric | value |",
-        "|---|---|",
-        *rows,
-        "",
-        f"Offline metrics use the feature network `{net.get('name')}` (SHA-256 `{net.get('sha256', '')[:16]}...`, "
-        f"test accuracy {net.get('test_accuracy', 'n/a')}); they are not Inception FID.",
-    ]
-    if grid_png is not None:
-        lines += ["", f"Samples, one row per class ({', '.join(classes)}):", "", f"![samples]({grid_png.name})"]
-    path = out_dir / "report.md"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+def add_noise(images: torch.Tensor, std: float, seed: int = 0) -> torch.Tensor:
+    """uint8 images plus Gaussian pixel noise of ``std`` (in 0-255 units): a calibration degradation."""
+    gen = torch.Generator().manual_seed(seed)
+    return (images.float() + std * torch.randn(images.shape, generator=gen)).round().clamp(0, 255).to(torch.uint8)

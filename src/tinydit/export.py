@@ -16,9 +16,21 @@ import torch
 from tinydit.errors import TinyDiTError
 from tinydit.images import make_grid, save_image, to_uint8
 
-__all__ = ["IMAGE_SUFFIXES", "check_output", "write_samples"]
+__all__ = ["IMAGE_SUFFIXES", "check_output", "write_samples", "safe_name", "write_atomic"]
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp"}
+
+
+def safe_name(name: str) -> str:
+    """A class name as it appears in file names (``00012_ankle-boot.png``); ``tinydit eval`` reads it back."""
+    return re.sub(r"[^A-Za-z0-9_-]+", "-", name).strip("-").lower()
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write a small text file through a temporary file, so readers never see half of it."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def check_output(path: str | Path) -> Path:
@@ -48,12 +60,14 @@ def write_samples(
     suffix = path.suffix.lower()
     if suffix == ".npz":
         tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez_compressed(tmp, images=to_uint8(images).numpy(), labels=labels.to(torch.int64).cpu().numpy())
-        os.replace(tmp, path)
+        try:
+            np.savez_compressed(tmp, images=to_uint8(images).numpy(), labels=labels.to(torch.int64).cpu().numpy())
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
     elif suffix:
         save_image(make_grid(images.cpu(), nrow=nrow), path)
     else:
         for i, (x, y) in enumerate(zip(images, labels.tolist(), strict=True)):
-            name = re.sub(r"[^A-Za-z0-9_-]+", "-", classes[y]).strip("-") or f"class{y}"
-            save_image(x, path / f"{i:05d}_{name}.png")
+            save_image(x, path / f"{i:05d}_{safe_name(classes[y]) or f'class{y}'}.png")
     return path

@@ -18,9 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tinydit.data import random_flip
 from tinydit.errors import TinyDiTError
+from tinydit.images import from_uint8
 
-__all__ = ["FeatureNet", "ASSETS", "FEATURE_NETS", "feature_net_for", "load_feature_net", "file_sha256",
+__all__ = ["FeatureNet", "ASSETS", "FEATURE_NETS", "load_feature_net", "file_sha256",
            "train_feature_net", "extract"]  # fmt: skip
 
 ASSETS = Path(__file__).parent / "assets"
@@ -66,15 +68,6 @@ def _manifest() -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def feature_net_for(data: str) -> str:
-    if data not in FEATURE_NETS:
-        raise TinyDiTError(
-            f"no offline feature network for data set {data!r}: offline metrics exist for "
-            f"{', '.join(FEATURE_NETS)}; for other data use Inception FID (--inception)"
-        )
-    return FEATURE_NETS[data]
-
-
 def load_feature_net(name: str, path: str | Path | None = None) -> tuple[FeatureNet, dict]:
     """A shipped feature network (checked against its recorded hash) or one at ``path``.
 
@@ -102,7 +95,7 @@ def extract(net: FeatureNet, images_uint8: torch.Tensor, batch_size: int = 500) 
     """uint8 images (N, C, S, S) -> features (N, 128) and predicted classes (N,)."""
     feats, preds = [], []
     for i in range(0, images_uint8.shape[0], batch_size):
-        x = images_uint8[i : i + batch_size].float() / 127.5 - 1.0  # the same conversion for every metric
+        x = from_uint8(images_uint8[i : i + batch_size])  # the same conversion for every metric
         f = net.features(x)
         feats.append(f)
         preds.append(net.head(f).argmax(1))
@@ -132,9 +125,7 @@ def train_feature_net(
         perm = torch.randperm(len(train_images), generator=gen)
         for i in range(len(train_images) // batch_size):
             idx = perm[i * batch_size : (i + 1) * batch_size]
-            x = train_images[idx].float() / 127.5 - 1.0
-            flip = torch.rand(len(idx), generator=gen) < 0.5
-            x = torch.where(flip.view(-1, 1, 1, 1), x.flip(-1), x)
+            x = random_flip(from_uint8(train_images[idx]), gen)
             loss = F.cross_entropy(net(x), train_labels[idx])
             opt.zero_grad(set_to_none=True)
             loss.backward()

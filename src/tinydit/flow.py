@@ -16,7 +16,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["interpolate", "velocity_target", "sample_t", "flow_loss"]
+from tinydit.errors import TinyDiTError
+
+__all__ = ["interpolate", "velocity_target", "sample_t", "flow_loss", "T_SAMPLINGS"]
 
 
 def interpolate(x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -30,9 +32,34 @@ def velocity_target(x0: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     return noise - x0
 
 
-def sample_t(n: int, generator: torch.Generator | None = None, device: str | torch.device = "cpu") -> torch.Tensor:
-    """Training times, uniform on [0, 1): (n,)."""
-    return torch.rand(n, generator=generator).to(device)
+T_SAMPLINGS = ("uniform", "logit-normal")
+
+
+def sample_t(
+    n: int,
+    generator: torch.Generator | None = None,
+    device: str | torch.device = "cpu",
+    kind: str = "uniform",
+    loc: float = 0.0,
+    scale: float = 1.0,
+    shift: float = 1.0,
+) -> torch.Tensor:
+    """Training times (n,) in [0, 1].
+
+    ``uniform``: t ~ U[0, 1). ``logit-normal`` (SD3, Esser et al. 2024, eq. 19): t = sigmoid(u) with
+    u ~ N(loc, scale^2), which spends more of training on the middle of the path. ``shift`` > 1 then
+    moves times towards noise, t' = shift t / (1 + (shift - 1) t) (SD3 eq. 23), where the global
+    layout of an image is decided.
+    """
+    if kind == "uniform":
+        t = torch.rand(n, generator=generator)
+    elif kind == "logit-normal":
+        t = torch.sigmoid(loc + scale * torch.randn(n, generator=generator))
+    else:
+        raise TinyDiTError(f"unknown time sampling {kind!r}: use one of {', '.join(T_SAMPLINGS)}")
+    if shift != 1.0:
+        t = shift * t / (1 + (shift - 1) * t)
+    return t.to(device)
 
 
 def flow_loss(

@@ -22,6 +22,7 @@ __all__ = [
     "to_model_range",
     "from_model_range",
     "to_uint8",
+    "from_uint8",
     "load_image",
     "save_image",
     "make_grid",
@@ -62,6 +63,11 @@ def to_uint8(x: torch.Tensor) -> torch.Tensor:
     """Model-range tensor (..., C, H, W) in [-1, 1] -> uint8 in [0, 255] on the CPU, rounded."""
     x = from_model_range(x.detach().to("cpu", torch.float32)).clamp(0, 1)
     return (x * 255).round().to(torch.uint8)
+
+
+def from_uint8(x: torch.Tensor) -> torch.Tensor:
+    """uint8 [0, 255] -> float32 in [-1, 1] (the inverse of ``to_uint8`` up to rounding)."""
+    return x.float() / 127.5 - 1.0
 
 
 def load_image(

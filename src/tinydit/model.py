@@ -47,8 +47,8 @@ class DiTConfig:
             )
         if self.dim % self.n_heads:
             raise TinyDiTError(f"dim {self.dim} is not divisible by n_heads {self.n_heads}")
-        if (self.dim // self.n_heads) % 2:
-            raise TinyDiTError(f"head width dim/n_heads = {self.dim // self.n_heads} must be even")
+        if self.dim % 4:
+            raise TinyDiTError(f"dim {self.dim} must be divisible by 4 for the 2-D sin-cos positions")
         if self.mlp_ratio <= 0:
             raise TinyDiTError(f"mlp_ratio must be > 0, got {self.mlp_ratio}")
 
@@ -105,7 +105,6 @@ def sincos_2d(dim: int, grid_size: int) -> torch.Tensor:
 
     Returns (grid_size * grid_size, dim), row-major over the patch grid like the tokens.
     """
-    assert dim % 4 == 0, "sin-cos 2-D positions need dim divisible by 4"
     omega = 1.0 / 10000 ** (torch.arange(dim // 4, dtype=torch.float64) / (dim // 4))  # (D/4,)
     coords = torch.arange(grid_size, dtype=torch.float64)
     rows, cols = torch.meshgrid(coords, coords, indexing="ij")  # (g, g) each
@@ -126,6 +125,7 @@ class TimestepEmbedder(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(freq_dim, dim), nn.SiLU(), nn.Linear(dim, dim))
 
     def forward(self, t: torch.Tensor) -> torch.Tensor:
+        """t (N,) -> (N, D)"""
         half = self.freq_dim // 2
         freqs = torch.exp(-math.log(10000) * torch.arange(half, device=t.device, dtype=torch.float32) / half)
         # Scaling by 1000 spreads t in [0, 1] over the frequency range these features were designed for.
@@ -143,6 +143,7 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (N, T, D) -> (N, T, D)"""
         n, t, d = x.shape
         qkv = self.qkv(x).reshape(n, t, 3, self.n_heads, d // self.n_heads)  # (N, T, 3, h, Dh)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (N, h, T, Dh)
@@ -157,6 +158,7 @@ class Mlp(nn.Module):
         self.fc2 = nn.Linear(hidden, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (N, T, D) -> (N, T, D), through a hidden width of mlp_ratio * D"""
         return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
 
 

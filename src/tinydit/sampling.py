@@ -18,7 +18,8 @@ from torch import nn
 
 from tinydit.errors import TinyDiTError
 
-__all__ = ["SampleResult", "time_grid", "guided_velocity", "euler_sample", "generate", "class_cycle"]
+__all__ = ["SampleResult", "check_sampler_args", "time_grid", "guided_velocity", "euler_sample", "generate",
+           "class_cycle", "resolve_labels"]
 
 
 @dataclass
@@ -32,11 +33,11 @@ def time_grid(steps: int, device: str | torch.device = "cpu") -> torch.Tensor:
     return torch.linspace(1.0, 0.0, steps + 1, device=device)
 
 
-def _check(steps: int, cfg_scale: float) -> None:
+def check_sampler_args(steps: int, cfg_scale: float) -> None:
     if steps < 1:
-        raise TinyDiTError(f"steps must be >= 1, got {steps}")
+        raise TinyDiTError(f"--steps must be >= 1, got {steps}")
     if cfg_scale < 0:
-        raise TinyDiTError(f"guidance scale must be >= 0 (1 = off), got {cfg_scale}")
+        raise TinyDiTError(f"--cfg (the guidance scale) must be >= 0, 1 = off; got {cfg_scale}")
 
 
 def guided_velocity(
@@ -60,7 +61,7 @@ def euler_sample(
     model: nn.Module, noise: torch.Tensor, y: torch.Tensor, steps: int = 32, cfg_scale: float = 1.0
 ) -> SampleResult:
     """Euler's method on dx/dt = v from t = 1 to t = 0: x_{t - dt} = x_t - dt v(x_t, t)."""
-    _check(steps, cfg_scale)
+    check_sampler_args(steps, cfg_scale)
     null_class = model.config.n_classes
     ts = time_grid(steps, noise.device)
     x, nfe = noise, 0

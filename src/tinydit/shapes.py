@@ -19,7 +19,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from tinydit.images import from_uint8
+
 SHAPES = ("circle", "square", "triangle", "cross")
+RENDER_VERSION = 1  # bump whenever rendering changes: cached reference features are keyed on it
 COLORS: dict[str, tuple[int, int, int]] = {
     "red": (220, 30, 30),
     "green": (30, 220, 30),
@@ -257,4 +260,4 @@ class ShapesDataset(torch.utils.data.Dataset):
         return len(self.labels)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        return self.images[i].float() / 127.5 - 1.0, int(self.labels[i])
+        return from_uint8(self.images[i]), int(self.labels[i])

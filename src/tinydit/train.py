@@ -12,7 +12,9 @@ from __future__ import annotations
 import copy
 import json
 import math
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +78,29 @@ def _generator(*keys: int) -> torch.Generator:
     for k in keys:
         seed = (seed * 1_000_003 + k) % (2**62)
     return torch.Generator().manual_seed(seed)
+
+
+class GracefulInterrupt:
+    """The first Ctrl-C asks the loop to stop at the next step boundary (so the checkpoint holds a
+    whole step); a second one interrupts at once, leaving the last checkpoint as it was."""
+
+    def __enter__(self) -> GracefulInterrupt:
+        self.requested = False
+        self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\nstopping after this step to save a checkpoint (Ctrl-C again to abort without saving)",
+              file=sys.stderr)
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
 
 
 @dataclass
@@ -193,6 +218,12 @@ class Trainer:
         }
 
     def save(self) -> Path:
+        """Write the checkpoint, unless the weights went non-finite: then the last good one is kept."""
+        if not all(torch.isfinite(p).all() for p in self.model.parameters()):
+            raise TinyDiTError(
+                f"the weights became NaN or infinite by step {self.step}; the last good checkpoint is kept. "
+                "Lower --lr (or raise --warmup) and start again with --overwrite"
+            )
         save_checkpoint(self.ckpt_path, self.state_dict())
         return self.ckpt_path
 
@@ -235,7 +266,7 @@ class Trainer:
         g = _generator(cfg.seed, self.step)
         x, y = self.train_set.batch(self.batch_indices(self.step), generator=g, device=dev)  # (B, C, H, W), (B,)
         n = x.shape[0]
-        t = sample_t(n, generator=g, device=dev)  # (B,)
+        t = sample_t(n, generator=g, device=dev, kind=cfg.t_sampling, shift=cfg.t_shift)  # (B,)
         noise = torch.randn(x.shape, generator=g).to(dev)  # (B, C, H, W)
         drop = (torch.rand(n, generator=g) < cfg.class_dropout).to(dev)  # (B,) guidance dropout
         y = torch.where(drop, torch.full_like(y, self.model_config.n_classes), y)
@@ -321,8 +352,8 @@ class Trainer:
         window_start, window_step = time.perf_counter(), self.step
         val = val_ema = None
         samples = None
-        try:
-            while not self._done(started):
+        with GracefulInterrupt() as interrupt:
+            while not self._done(started) and not interrupt.requested:
                 loss_sum += self.train_step()
                 loss_n += 1
                 bar.update(1)
@@ -354,13 +385,13 @@ class Trainer:
                     self.train_seconds = self._seconds(started)
                     started = time.perf_counter()
                     self.save()
-        except KeyboardInterrupt:
+        if interrupt.requested:
             self.train_seconds = self._seconds(started)
             self.save()
             bar.close()
-            print(f"\ninterrupted at step {self.step}; checkpoint saved to {self.ckpt_path}. "
+            print(f"interrupted at step {self.step}; checkpoint saved to {self.ckpt_path}. "
                   "Re-run the same command to continue.", file=sys.stderr)
-            raise
+            raise KeyboardInterrupt
         bar.close()
         self.train_seconds = self._seconds(started)
         if self.step % cfg.val_every:
