@@ -128,3 +128,18 @@ def test_class_cycle_is_balanced_and_labels_resolve():
         resolve_labels(["hexagon"], classes, 2)
     with pytest.raises(TinyDiTError, match="unknown class '3'"):
         resolve_labels(["3"], classes, 2)
+
+
+def test_training_time_distributions():
+    from tinydit.flow import sample_t
+
+    gen = torch.Generator().manual_seed(0)
+    u = sample_t(100_000, gen)
+    assert 0 <= u.min() and u.max() < 1 and abs(u.mean() - 0.5) < 0.01 and abs(u.std() - (1 / 12) ** 0.5) < 0.01
+    ln = sample_t(100_000, gen, kind="logit-normal", loc=0.5, scale=0.8)
+    logit = torch.log(ln / (1 - ln))
+    assert abs(logit.mean() - 0.5) < 0.01 and abs(logit.std() - 0.8) < 0.01  # logit(t) ~ N(loc, scale^2)
+    shifted = sample_t(100_000, gen, shift=3.0)
+    assert abs(shifted.median() - 0.75) < 0.01  # the median 1/2 maps to s / (s + 1)
+    with pytest.raises(TinyDiTError, match="unknown time sampling"):
+        sample_t(2, gen, kind="beta")

@@ -39,6 +39,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup", type=int, default=d.warmup)
     p.add_argument("--ema-decay", type=float, default=d.ema_decay)
     p.add_argument("--class-dropout", type=float, default=d.class_dropout)
+    p.add_argument("--t-sampling", default=d.t_sampling, choices=["uniform", "logit-normal"],
+                   help="distribution of training times")
+    p.add_argument("--t-shift", type=float, default=d.t_shift, help="shift training times towards noise (SD3)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--device", default=d.device, help="auto | cpu | cuda | cuda:N | mps")
     p.add_argument("--log-every", type=int, default=d.log_every)
@@ -136,7 +139,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = TrainConfig(
         out=args.out, data=args.data, data_root=args.data_root, limit=args.limit, preset=args.preset,
         steps=args.steps, minutes=args.minutes, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
-        ema_decay=args.ema_decay, class_dropout=args.class_dropout, seed=args.seed, device=args.device,
+        ema_decay=args.ema_decay, class_dropout=args.class_dropout, t_sampling=args.t_sampling,
+        t_shift=args.t_shift, seed=args.seed, device=args.device,
         log_every=args.log_every, val_every=args.val_every, sample_every=args.sample_every,
         ckpt_every=args.ckpt_every, sample_steps=args.sample_steps, sample_cfg=args.sample_cfg,
     )  # fmt: skip

@@ -193,7 +193,7 @@ def _readable(path: Path) -> bool:
 def random_flip(x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """Mirror each image of (N, C, H, W) left-right with probability 1/2 (flip draws from ``generator``)."""
     flip = torch.rand(x.shape[0], generator=generator) < 0.5  # (N,) on the CPU
-    return torch.where(flip.to(x.device).view(-1, 1, 1, 1), x.flip(-1), x)
+    return torch.where(flip.to(x.device).view(-1, 1, 1, 1), x.flip(-1), x)  # (N, C, H, W)
 
 
 class CachedDataset(Dataset):
@@ -292,7 +292,7 @@ def _read_idx(path: Path) -> np.ndarray:
     arr = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
     if arr.size != int(np.prod(dims)):
         raise TinyDiTError(f"{path} is truncated ({arr.size} of {int(np.prod(dims))} values); download it again")
-    return arr.reshape(dims)
+    return arr.reshape(dims)  # e.g. (N, 28, 28) images or (N,) labels
 
 
 def _find_idx(folder: Path, stem: str) -> Path | None:

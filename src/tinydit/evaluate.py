@@ -206,7 +206,7 @@ def evaluate(
                            "(FID is only comparable at equal N, 10000 is customary)")
     y = None
     if labels is not None:
-        y = torch.as_tensor(np.asarray(labels), dtype=torch.int64).reshape(-1)
+        y = torch.as_tensor(np.asarray(labels), dtype=torch.int64).reshape(-1)  # (N,)
         if y.shape[0] != fake.shape[0]:
             raise TinyDiTError(f"{y.shape[0]} labels for {fake.shape[0]} samples; give one label per sample")
     if spec.feature_net is None and not (inception or inception_weights):

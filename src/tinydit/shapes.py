@@ -67,7 +67,7 @@ def _render_batch(kind: int, fg: np.ndarray, bg: np.ndarray, size: np.ndarray,
         ax, ay, arm = np.abs(x), np.abs(y), half / 3
         mask = ((ax <= half) & (ay <= arm)) | ((ax <= arm) & (ay <= half))
     # Box-average the supersampled mask into per-pixel coverage (anti-aliasing).
-    cover = mask.reshape(b, img_size, supersample, img_size, supersample)
+    cover = mask.reshape(b, img_size, supersample, img_size, supersample)  # (B, H, ss, W, ss)
     alpha = cover.sum(axis=(2, 4), dtype=np.float32) / supersample**2  # (B, H, W)
     fg_ = fg.astype(np.float32)[:, :, None, None]
     bg_ = bg.astype(np.float32)[:, :, None, None]
@@ -229,7 +229,7 @@ def read_shape(image: Any) -> dict:
     fg_i = _nearest_color(np.median(strong, axis=0), exclude=bg_i)
     axis = _PALETTE[fg_i] - bg
     # Foreground = more than half way from background towards foreground colour.
-    t = ((pix - bg) @ axis / (axis @ axis)).reshape(h, w)
+    t = ((pix - bg) @ axis / (axis @ axis)).reshape(h, w)  # (H, W) position between bg and fg
     mask = t > 0.5
     # Drop isolated speckles (no 8-neighbour in the mask) left by noise or artefacts.
     p = np.pad(mask, 1).astype(np.int32)
