@@ -163,7 +163,7 @@ class Trainer:
 
     def _check_same_run(self, state: dict) -> None:
         old = TrainConfig.from_dict(state["train_config"])
-        old_data, new_data = canonical_name(old.data), canonical_name(self.cfg.data)
+        old_data, new_data = state["data"]["name"], canonical_name(self.cfg.data)  # both canonical
         changed = [
             f"{name}: {getattr(old, name)!r} -> {getattr(self.cfg, name)!r}"
             for name in TRAJECTORY_FIELDS
