@@ -104,7 +104,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from tinydit.data import load_dataset
-    from tinydit.evaluate import eval_spec, evaluate, generate_for_eval, load_samples, to_eval_images
+    from tinydit.evaluate import evaluate, generate_for_eval, load_samples, to_eval_images
     from tinydit.report import write_report
     from tinydit.train import ensure_writable_dir, resolve_device
 
@@ -119,14 +119,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if not args.data:
             raise TinyDiTError("--samples needs --data (fashion-mnist, shapes, cifar10 or a folder) for the reference")
         data = args.data
-        eval_spec(data)
         classes = load_dataset(data, train=False, root=args.data_root, limit=1).classes
         images, labels = load_samples(args.samples, classes)
+    images = to_eval_images(images, data)  # once: uint8 at the evaluation size, for the metrics and the report
     metrics = evaluate(images, labels, data, split=args.split, root=args.data_root, cache_dir=args.cache_dir,
                        inception=args.inception, inception_weights=args.inception_weights)
     metrics.update(extra)
     command = "tinydit " + " ".join(shlex.quote(a) for a in args.argv)
-    report = write_report(out, metrics, command, to_eval_images(images, data), labels, classes)
+    report = write_report(out, metrics, command, images, labels, classes)
     print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, dict)}, indent=2))
     print(f"wrote {out / 'metrics.json'} and {report}", file=sys.stderr)
     return 0
