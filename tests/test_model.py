@@ -1,3 +1,4 @@
+import math
 import re
 from dataclasses import replace
 
@@ -5,7 +6,19 @@ import pytest
 import torch
 
 from tinydit.errors import TinyDiTError
-from tinydit.model import PRESETS, DiT, DiTConfig, count_params, get_preset, sincos_2d
+from tinydit.model import (
+    PRESETS,
+    Attention,
+    DiT,
+    DiTConfig,
+    apply_rope,
+    count_params,
+    get_preset,
+    make_norm,
+    rope_2d,
+    sincos_2d,
+    swiglu_hidden,
+)
 
 SMALL = [
     DiTConfig(dim=32, depth=2, n_heads=2),
@@ -14,7 +27,23 @@ SMALL = [
 ]
 
 
-@pytest.mark.parametrize("cfg", SMALL, ids=lambda c: f"{c.in_channels}x{c.img_size}p{c.patch_size}")
+# Every architecture switch, alone and all together, on a small trunk.
+SWITCHES = {
+    "baseline": {},
+    "rmsnorm": dict(norm="rmsnorm"),
+    "qk_norm": dict(qk_norm=True),
+    "swiglu": dict(mlp="swiglu"),
+    "rope": dict(pos="rope"),
+    "all": dict(norm="rmsnorm", qk_norm=True, mlp="swiglu", pos="rope"),
+}
+VARIANTS = SMALL + [replace(SMALL[0], **sw) for name, sw in SWITCHES.items() if name != "baseline"]
+
+
+def _id(c: DiTConfig) -> str:
+    return f"{c.in_channels}x{c.img_size}p{c.patch_size}-{c.norm}-{c.mlp}-{c.pos}{'-qk' if c.qk_norm else ''}"
+
+
+@pytest.mark.parametrize("cfg", VARIANTS, ids=_id)
 def test_forward_shape_and_zero_output_at_init(cfg):
     model = DiT(cfg)
     x = torch.randn(3, cfg.in_channels, cfg.img_size, cfg.img_size)
@@ -24,7 +53,7 @@ def test_forward_shape_and_zero_output_at_init(cfg):
     assert torch.count_nonzero(model(x, torch.rand(3), None)) == 0
 
 
-@pytest.mark.parametrize("cfg", SMALL, ids=lambda c: f"{c.in_channels}x{c.img_size}p{c.patch_size}")
+@pytest.mark.parametrize("cfg", VARIANTS, ids=_id)
 def test_gradients_reach_every_parameter_after_one_step(cfg):
     torch.manual_seed(0)
     model = DiT(cfg)
@@ -100,3 +129,108 @@ def test_wrong_input_shape_is_a_clear_error():
     model = DiT(SMALL[0])
     with pytest.raises(TinyDiTError, match=r"\(N, 3, 32, 32\)"):
         model(torch.randn(1, 1, 28, 28), torch.rand(1), torch.tensor([0]))
+
+
+def naive_attention(q, k, v, mask=None):
+    """softmax(q k^T / sqrt(Dh)) v written out, the reference for the fused kernel."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (N, h, T, T)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return scores.softmax(dim=-1) @ v
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_sdpa_attention_matches_naive_softmax_reference(masked):
+    torch.manual_seed(0)
+    attn = Attention(dim=32, n_heads=4)
+    x = torch.randn(3, 10, 32)
+    mask = None
+    if masked:  # key padding: image n may attend to its first 10 - 3n tokens only
+        keep = torch.arange(10) < torch.tensor([10, 7, 4]).unsqueeze(1)  # (N, T)
+        mask = keep[:, None, None, :]  # (N, 1, 1, T)
+    q, k, v = attn.heads(x)
+    ref = attn.proj(naive_attention(q, k, v, mask).transpose(1, 2).reshape(3, 10, 32))
+    torch.testing.assert_close(attn(x, attn_mask=mask), ref, rtol=1e-5, atol=1e-5)
+    if masked:  # the masked-out tokens really change nothing
+        x2 = x.clone()
+        x2[1, 7:] = 100 * torch.randn(3, 32)
+        torch.testing.assert_close(attn(x2, attn_mask=mask)[1, :7], attn(x, attn_mask=mask)[1, :7])
+
+
+def test_rmsnorm_matches_its_formula():
+    x = 3 * torch.randn(4, 5, 16) + 1
+    expected = x / torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + 1e-6)
+    torch.testing.assert_close(make_norm("rmsnorm", 16)(x), expected)
+    layer = make_norm("layernorm", 16)(x)  # LayerNorm also removes the mean: a different map
+    assert not torch.allclose(layer, expected, atol=1e-2)
+
+
+def _max_logit(attn: Attention, x: torch.Tensor) -> float:
+    q, k, _ = attn.heads(x)
+    return (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).abs().max().item()
+
+
+def test_qk_norm_bounds_attention_logits_for_large_inputs():
+    torch.manual_seed(0)
+    x = torch.randn(2, 16, 32)
+    plain, normed = Attention(32, 4), Attention(32, 4, qk_norm=True)
+    normed.qkv.load_state_dict(plain.qkv.state_dict())
+    head_dim = 8
+    for scale in (1.0, 1e2, 1e4):
+        # |q_hat . k_hat| <= |q_hat| |k_hat| = Dh with unit gains, so logits stay within sqrt(Dh).
+        assert _max_logit(normed, scale * x) <= math.sqrt(head_dim) + 1e-4
+    assert _max_logit(plain, 1e4 * x) > 1e6  # without the norm the logits grow with x squared
+
+
+def test_rope_scores_depend_only_on_the_2d_offset():
+    torch.manual_seed(0)
+    g, head_dim = 5, 16
+    cos, sin = rope_2d(head_dim, g)
+    q = apply_rope(torch.randn(head_dim).expand(1, 1, g * g, head_dim), cos, sin)[0, 0]  # (T, Dh)
+    k = apply_rope(torch.randn(head_dim).expand(1, 1, g * g, head_dim), cos, sin)[0, 0]
+    scores = q @ k.T  # (T, T): the same content at every position, so only positions can differ
+    by_offset: dict[tuple[int, int], list[float]] = {}
+    for i in range(g * g):
+        for j in range(g * g):
+            offset = (i // g - j // g, i % g - j % g)
+            by_offset.setdefault(offset, []).append(scores[i, j].item())
+    for values in by_offset.values():
+        assert max(values) - min(values) < 1e-4
+    means = {o: v[0] for o, v in by_offset.items()}
+    assert abs(means[(0, 1)] - means[(1, 0)]) > 1e-3  # rows and columns are told apart
+    assert len({round(v, 3) for v in means.values()}) > 0.9 * len(means)  # offsets are distinguishable
+    # Rotations keep norms: RoPE moves information between channels, it never scales it.
+    torch.testing.assert_close(q.norm(dim=-1), q.norm(dim=-1)[0].expand(g * g))
+
+
+def test_swiglu_has_about_the_parameters_of_the_gelu_mlp():
+    base = DiT(DiTConfig(dim=128, depth=2, n_heads=4))
+    swiglu = DiT(DiTConfig(dim=128, depth=2, n_heads=4, mlp="swiglu"))
+    assert swiglu_hidden(128, 4.0) == 344  # 2/3 of 512, rounded up to a multiple of 8
+    assert abs(count_params(swiglu) / count_params(base) - 1) < 0.01
+
+
+def test_flops_count_the_token_matmuls_and_attention():
+    cfg = DiTConfig(dim=32, depth=2, n_heads=2)  # 3x32x32, patch 4: T = 64
+    model = DiT(cfg)
+    per_block = 3 * 32 * 32 + 32 * 32 + 2 * 4 * 32 * 32  # QKV, projection, MLP
+    patch = 3 * 4 * 4 * 32
+    assert model.token_params() == 2 * per_block + 2 * patch  # embedding in, output layer out
+    assert model.flops_per_image() == 2 * model.token_params() * 64 + 4 * 2 * 64**2 * 32
+
+
+def test_configs_from_older_checkpoints_load_with_the_original_architecture():
+    old = {k: v for k, v in DiTConfig().to_dict().items() if k not in ("norm", "qk_norm", "mlp", "pos")}
+    cfg = DiTConfig.from_dict(old)
+    assert (cfg.norm, cfg.qk_norm, cfg.mlp, cfg.pos) == ("layernorm", False, "gelu", "sincos")
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(norm="batchnorm"), "norm must be one of layernorm, rmsnorm"),
+    (dict(mlp="relu"), "mlp must be one of gelu, swiglu"),
+    (dict(pos="learned"), "pos must be one of sincos, rope"),
+    (dict(dim=24, n_heads=4, pos="rope"), "divisible by 4"),
+])  # fmt: skip
+def test_switch_validation_names_the_choices(bad, match):
+    with pytest.raises(TinyDiTError, match=match):
+        replace(DiTConfig(), **bad)

@@ -4,10 +4,17 @@ Architecture only: the model maps a noisy image, a time and a class label to a v
 the image. The loss lives in ``tinydit.flow``, guidance in ``tinydit.sampling``, optimisation and
 EMA in ``tinydit.train``.
 
-    x (N, C, H, W) --patchify--> (N, T, D) + 2-D sin-cos positions
+    x (N, C, H, W) --patchify--> (N, T, D) + 2-D sin-cos positions (or 2-D RoPE inside attention)
     c = time_embed(t) + label_embed(y)                         (N, D)
     depth x DiTBlock(x, c)   with adaLN-Zero modulation from c
     FinalLayer --unpatchify--> v (N, C, H, W)
+
+Switches from the post-2023 literature, each a ``DiTConfig`` field (see docs/ablation.md for what each
+one measured on Fashion-MNIST):
+    norm="rmsnorm"   RMSNorm (Zhang & Sennrich 2019) instead of LayerNorm in the blocks
+    qk_norm=True     RMS-normalise queries and keys per head (Dehghani et al. 2023; SD3)
+    mlp="swiglu"     gated SiLU MLP (Shazeer 2020) at the same parameter count as the GELU MLP
+    pos="rope"       2-D axial rotary positions (Su et al. 2021; Heo et al. 2024) instead of sin-cos
 """
 
 from __future__ import annotations
@@ -21,7 +28,12 @@ from torch import nn
 
 from tinydit.errors import TinyDiTError
 
-__all__ = ["DiTConfig", "DiT", "PRESETS", "DEFAULT_PRESET", "get_preset", "count_params"]
+__all__ = ["DiTConfig", "DiT", "PRESETS", "DEFAULT_PRESET", "get_preset", "count_params", "rope_2d", "apply_rope",
+           "swiglu_hidden"]  # fmt: skip
+
+NORMS = ("layernorm", "rmsnorm")
+MLPS = ("gelu", "swiglu")
+POSITIONS = ("sincos", "rope")
 
 
 @dataclass(frozen=True)
@@ -36,6 +48,10 @@ class DiTConfig:
     n_heads: int = 4  # attention heads; dim must divide evenly
     mlp_ratio: float = 4.0  # MLP hidden width = mlp_ratio * dim
     n_classes: int = 10  # class labels 0..n_classes-1; id n_classes is the "null" label for guidance
+    norm: str = "layernorm"  # block norms: layernorm | rmsnorm (both without affine: adaLN scales them)
+    qk_norm: bool = False  # RMS-normalise q and k per head before the dot product
+    mlp: str = "gelu"  # gelu (tanh approximation, as DiT) | swiglu (hidden width 2/3 of GELU's, same params)
+    pos: str = "sincos"  # sincos: fixed 2-D sin-cos added to the tokens | rope: 2-D axial RoPE on q and k
 
     def __post_init__(self):
         for name in ("img_size", "in_channels", "patch_size", "dim", "depth", "n_heads", "n_classes"):
@@ -51,6 +67,15 @@ class DiTConfig:
             raise TinyDiTError(f"dim {self.dim} must be divisible by 4 for the 2-D sin-cos positions")
         if self.mlp_ratio <= 0:
             raise TinyDiTError(f"mlp_ratio must be > 0, got {self.mlp_ratio}")
+        for name, allowed in (("norm", NORMS), ("mlp", MLPS), ("pos", POSITIONS)):
+            if getattr(self, name) not in allowed:
+                raise TinyDiTError(f"DiTConfig.{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        if self.pos == "rope" and self.head_dim % 4:
+            raise TinyDiTError(f"2-D RoPE needs a head dim divisible by 4 (dim / n_heads), got {self.head_dim}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
 
     @property
     def grid_size(self) -> int:
@@ -133,21 +158,68 @@ class TimestepEmbedder(nn.Module):
         return self.mlp(torch.cat([args.cos(), args.sin()], dim=1))  # (N, D)
 
 
-class Attention(nn.Module):
-    """Multi-head self-attention with one fused QKV projection and PyTorch's fused SDPA kernel."""
+def rope_2d(head_dim: int, grid_size: int, theta: float = 100.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Angles of 2-D axial RoPE over a row-major patch grid: (cos, sin), each (T, head_dim / 2).
 
-    def __init__(self, dim: int, n_heads: int):
+    Channel pair j (dims j and j + head_dim/2) turns by row * f_j for the first head_dim/4 pairs and by
+    col * f_j for the rest. theta is 100, not the 10 000 of language models: the grid is 7-16 patches
+    wide, and with 10 000 half the frequencies would barely turn across it.
+    """
+    freqs = 1.0 / theta ** (torch.arange(head_dim // 4, dtype=torch.float64) / (head_dim // 4))  # (Dh/4,)
+    coords = torch.arange(grid_size, dtype=torch.float64)
+    rows, cols = torch.meshgrid(coords, coords, indexing="ij")  # (g, g) each
+    angles = torch.cat([rows.reshape(-1, 1) * freqs, cols.reshape(-1, 1) * freqs], dim=1)  # (T, Dh/2)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate channel pairs (j, j + Dh/2) of x (N, h, T, Dh) by the angles in cos/sin (T, Dh/2)."""
+    x1, x2 = x.chunk(2, dim=-1)  # 2 x (N, h, T, Dh/2)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)  # (N, h, T, Dh)
+
+
+def make_norm(kind: str, dim: int) -> nn.Module:
+    """A block norm without affine parameters: the adaLN shift and scale take their place."""
+    if kind == "rmsnorm":
+        return nn.RMSNorm(dim, eps=1e-6, elementwise_affine=False)
+    return nn.LayerNorm(dim, eps=1e-6, elementwise_affine=False)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention: one fused QKV projection, optional QK-norm and RoPE, PyTorch's SDPA."""
+
+    def __init__(self, dim: int, n_heads: int, qk_norm: bool = False):
         super().__init__()
         self.n_heads = n_heads
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
+        head_dim = dim // n_heads
+        # QK-norm bounds every logit by sqrt(Dh) * gain^2, whatever the size of x (ViT-22B, SD3).
+        self.q_norm = nn.RMSNorm(head_dim, eps=1e-6) if qk_norm else nn.Identity()
+        self.k_norm = nn.RMSNorm(head_dim, eps=1e-6) if qk_norm else nn.Identity()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x (N, T, D) -> (N, T, D)"""
+    def heads(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (N, T, D) -> q, k, v, each (N, h, T, Dh), normalised and rotated as configured."""
         n, t, d = x.shape
         qkv = self.qkv(x).reshape(n, t, 3, self.n_heads, d // self.n_heads)  # (N, T, 3, h, Dh)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (N, h, T, Dh)
-        out = F.scaled_dot_product_attention(q, k, v)  # (N, h, T, Dh)
+        q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        return q, k, v
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        attn_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """x (N, T, D) -> (N, T, D). attn_mask: bool, broadcastable to (N, h, T, T), True = may attend."""
+        n, t, d = x.shape
+        q, k, v = self.heads(x, rope)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)  # (N, h, T, Dh)
         return self.proj(out.transpose(1, 2).reshape(n, t, d))  # (N, T, D)
 
 
@@ -162,6 +234,29 @@ class Mlp(nn.Module):
         return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
 
 
+def swiglu_hidden(dim: int, mlp_ratio: float, multiple_of: int = 8) -> int:
+    """SwiGLU hidden width: 2/3 of the GELU MLP's, rounded up to a multiple of 8 (LLaMA, sec. 2).
+
+    Three matrices of D x 2/3 H hold as many weights as GELU's two of D x H.
+    """
+    hidden = int(2 * dim * mlp_ratio / 3)
+    return multiple_of * math.ceil(hidden / multiple_of)
+
+
+class SwiGLU(nn.Module):
+    """fc2(silu(x W_gate) * x W_up), with W_gate and W_up fused into one matmul."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, 2 * hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (N, T, D) -> (N, T, D)"""
+        gate, up = self.fc1(x).chunk(2, dim=-1)  # 2 x (N, T, hidden)
+        return self.fc2(F.silu(gate) * up)
+
+
 class DiTBlock(nn.Module):
     """Pre-norm transformer block whose norms are modulated by c (adaLN-Zero, DiT section 3.2).
 
@@ -169,26 +264,32 @@ class DiTBlock(nn.Module):
     block starts as the identity and the residual stream passes through untouched.
     """
 
-    def __init__(self, dim: int, n_heads: int, mlp_ratio: float):
+    def __init__(self, cfg: DiTConfig):
         super().__init__()
-        self.norm1 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
-        self.attn = Attention(dim, n_heads)
-        self.norm2 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio))
+        dim = cfg.dim
+        self.norm1 = make_norm(cfg.norm, dim)
+        self.attn = Attention(dim, cfg.n_heads, cfg.qk_norm)
+        self.norm2 = make_norm(cfg.norm, dim)
+        if cfg.mlp == "swiglu":
+            self.mlp = SwiGLU(dim, swiglu_hidden(dim, cfg.mlp_ratio))
+        else:
+            self.mlp = Mlp(dim, int(dim * cfg.mlp_ratio))
         self.adaLN = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
 
-    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, c: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> torch.Tensor:
         """x (N, T, D), c (N, D) -> (N, T, D)"""
         shift1, scale1, gate1, shift2, scale2, gate2 = self.adaLN(c).chunk(6, dim=1)  # 6 x (N, D)
-        x = x + gate1.unsqueeze(1) * self.attn(modulate(self.norm1(x), shift1, scale1))
+        x = x + gate1.unsqueeze(1) * self.attn(modulate(self.norm1(x), shift1, scale1), rope)
         x = x + gate2.unsqueeze(1) * self.mlp(modulate(self.norm2(x), shift2, scale2))
         return x
 
 
 class FinalLayer(nn.Module):
-    def __init__(self, dim: int, patch_dim: int):
+    def __init__(self, dim: int, patch_dim: int, norm: str = "layernorm"):
         super().__init__()
-        self.norm = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+        self.norm = make_norm(norm, dim)
         self.adaLN = nn.Sequential(nn.SiLU(), nn.Linear(dim, 2 * dim))
         self.linear = nn.Linear(dim, patch_dim)
 
@@ -212,11 +313,17 @@ class DiT(nn.Module):
         self.config = config
         cfg = config
         self.patch_embed = nn.Conv2d(cfg.in_channels, cfg.dim, kernel_size=cfg.patch_size, stride=cfg.patch_size)
-        self.register_buffer("pos_embed", sincos_2d(cfg.dim, cfg.grid_size).unsqueeze(0), persistent=False)
+        if cfg.pos == "sincos":
+            self.register_buffer("pos_embed", sincos_2d(cfg.dim, cfg.grid_size).unsqueeze(0), persistent=False)
+        else:
+            self.pos_embed = None
+            cos, sin = rope_2d(cfg.head_dim, cfg.grid_size)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
         self.t_embed = TimestepEmbedder(cfg.dim)
         self.y_embed = nn.Embedding(cfg.n_classes + 1, cfg.dim)  # the last row is the null label
-        self.blocks = nn.ModuleList(DiTBlock(cfg.dim, cfg.n_heads, cfg.mlp_ratio) for _ in range(cfg.depth))
-        self.final = FinalLayer(cfg.dim, cfg.patch_size**2 * cfg.in_channels)
+        self.blocks = nn.ModuleList(DiTBlock(cfg) for _ in range(cfg.depth))
+        self.final = FinalLayer(cfg.dim, cfg.patch_size**2 * cfg.in_channels, cfg.norm)
         self.reset_parameters()
 
     @property
@@ -243,6 +350,20 @@ class DiT(nn.Module):
         nn.init.zeros_(self.final.linear.weight)  # the model predicts exactly zero at initialisation
         nn.init.zeros_(self.final.linear.bias)
 
+    def token_params(self) -> int:
+        """Weights of the linear maps applied to every token (patch embedding, QKV, projections, MLPs,
+        output); the per-image conditioning MLPs are left out, as in nanoGPT's and PaLM's FLOP counts."""
+        per_token = [self.patch_embed, self.final.linear]
+        for block in self.blocks:
+            per_token += [block.attn.qkv, block.attn.proj, block.mlp.fc1, block.mlp.fc2]
+        return sum(m.weight.numel() for m in per_token)
+
+    def flops_per_image(self) -> int:
+        """Forward FLOPs per image: 2 P T for the token matmuls plus 4 depth T^2 D for attention
+        (scores and weighted sum). A training step costs about 3x this (backward = 2x forward)."""
+        cfg = self.config
+        return 2 * self.token_params() * cfg.n_tokens + 4 * cfg.depth * cfg.n_tokens**2 * cfg.dim
+
     def patchify(self, x: torch.Tensor) -> torch.Tensor:
         return self.patch_embed(x).flatten(2).transpose(1, 2)  # (N, D, g, g) -> (N, T, D)
 
@@ -265,8 +386,13 @@ class DiT(nn.Module):
                 f"this model takes images of shape (N, {cfg.in_channels}, {cfg.img_size}, {cfg.img_size}), "
                 f"got {tuple(x.shape)}"
             )
-        tokens = self.patchify(x) + self.pos_embed  # (N, T, D)
+        tokens = self.patchify(x)  # (N, T, D)
+        rope = None
+        if self.pos_embed is not None:
+            tokens = tokens + self.pos_embed
+        else:
+            rope = (self.rope_cos, self.rope_sin)
         c = self.condition(t, y)  # (N, D)
         for block in self.blocks:
-            tokens = block(tokens, c)
+            tokens = block(tokens, c, rope)
         return self.unpatchify(self.final(tokens, c))  # (N, C, H, W)
