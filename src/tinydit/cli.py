@@ -44,6 +44,15 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--t-shift", type=float, default=d.t_shift, help="shift training times towards noise (SD3)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--device", default=d.device, help="auto | cpu | cuda | cuda:N | mps")
+    p.add_argument("--precision", default=d.precision, choices=["auto", "fp32", "bf16", "fp16"],
+                   help="auto: bf16 on CUDA, fp32 on CPU (the fastest measured; see benchmarks/README.md)")
+    p.add_argument("--compile", default=d.compile, choices=["auto", "on", "off"],
+                   help="torch.compile the forward passes; auto: on for CUDA, off for CPU (measured slower there)")
+    arch = p.add_argument_group("architecture switches (default: the preset's; see docs/ablation.md)")
+    arch.add_argument("--norm", choices=["layernorm", "rmsnorm"], default=None)
+    arch.add_argument("--qk-norm", choices=["on", "off"], default=None, help="RMS-normalise queries and keys")
+    arch.add_argument("--mlp", choices=["gelu", "swiglu"], default=None)
+    arch.add_argument("--pos", choices=["sincos", "rope"], default=None, help="absolute sin-cos or 2-D RoPE")
     p.add_argument("--log-every", type=int, default=d.log_every)
     p.add_argument("--val-every", type=int, default=d.val_every)
     p.add_argument("--sample-every", type=int, default=d.sample_every)
@@ -140,7 +149,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         out=args.out, data=args.data, data_root=args.data_root, limit=args.limit, preset=args.preset,
         steps=args.steps, minutes=args.minutes, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
         ema_decay=args.ema_decay, class_dropout=args.class_dropout, t_sampling=args.t_sampling,
-        t_shift=args.t_shift, seed=args.seed, device=args.device,
+        t_shift=args.t_shift, seed=args.seed, device=args.device, precision=args.precision, compile=args.compile,
+        norm=args.norm, qk_norm=None if args.qk_norm is None else args.qk_norm == "on", mlp=args.mlp, pos=args.pos,
         log_every=args.log_every, val_every=args.val_every, sample_every=args.sample_every,
         ckpt_every=args.ckpt_every, sample_steps=args.sample_steps, sample_cfg=args.sample_cfg,
     )  # fmt: skip

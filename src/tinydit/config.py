@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, fields
 
 from tinydit.errors import TinyDiTError
 from tinydit.model import DEFAULT_PRESET, PRESETS
+from tinydit.runtime import PRECISIONS
 
 __all__ = ["TrainConfig", "TRAJECTORY_FIELDS"]
 
@@ -17,7 +18,7 @@ __all__ = ["TrainConfig", "TRAJECTORY_FIELDS"]
 # everything else (steps, minutes, logging intervals, device) may change between invocations.
 TRAJECTORY_FIELDS = (
     "data", "preset", "batch_size", "lr", "warmup", "weight_decay", "grad_clip", "ema_decay",
-    "class_dropout", "seed", "limit", "t_sampling", "t_shift",
+    "class_dropout", "seed", "limit", "t_sampling", "t_shift", "norm", "qk_norm", "mlp", "pos",
 )  # fmt: skip
 
 
@@ -28,6 +29,10 @@ class TrainConfig:
     data_root: str = "data"  # where downloadable data sets are looked for and stored
     limit: int | None = None  # use only the first `limit` training images (quick runs)
     preset: str = DEFAULT_PRESET  # model size, see `tinydit presets`
+    norm: str | None = None  # architecture switches (see tinydit.model); None keeps the preset's choice
+    qk_norm: bool | None = None
+    mlp: str | None = None
+    pos: str | None = None
     steps: int | None = None  # stop after this many optimizer steps ...
     minutes: float | None = None  # ... or after this much training wall time, whichever comes first
     batch_size: int = 128  # images per optimizer step
@@ -41,6 +46,8 @@ class TrainConfig:
     t_shift: float = 1.0  # > 1 moves training times towards noise: t' = s t / (1 + (s - 1) t)
     seed: int = 0  # the one seed behind data order, flips, times, noise and initial weights
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
+    precision: str = "auto"  # auto | fp32 | bf16 | fp16 (CUDA only); auto = fastest measured on the device
+    compile: str = "auto"  # auto | on | off: torch.compile the training and sampling forward passes
     log_every: int = 50  # steps between lines in metrics.jsonl
     val_every: int = 250  # steps between validation losses on the fixed held-out batch
     val_size: int = 512  # held-out images used for the validation loss
@@ -75,11 +82,20 @@ class TrainConfig:
             raise TinyDiTError(f"--t-sampling must be uniform or logit-normal, got {self.t_sampling!r}")
         if self.t_shift <= 0:
             raise TinyDiTError(f"--t-shift must be > 0, got {self.t_shift}")
+        if self.precision not in ("auto", *PRECISIONS):
+            raise TinyDiTError(f"--precision must be auto, {', '.join(PRECISIONS)}; got {self.precision!r}")
+        if self.compile not in ("auto", "on", "off"):
+            raise TinyDiTError(f"--compile must be auto, on or off; got {self.compile!r}")
         if self.sample_cfg < 0:
             raise TinyDiTError(f"sample_cfg (guidance scale) must be >= 0, got {self.sample_cfg}")
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def arch_overrides(self) -> dict:
+        """The architecture switches set on the command line, to apply on top of the preset."""
+        switches = {name: getattr(self, name) for name in ("norm", "qk_norm", "mlp", "pos")}
+        return {name: value for name, value in switches.items() if value is not None}
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainConfig:

@@ -30,6 +30,7 @@ from tinydit.errors import TinyDiTError
 from tinydit.flow import flow_loss, sample_t
 from tinydit.images import save_grid
 from tinydit.model import DiT, DiTConfig, count_params, get_preset
+from tinydit.runtime import autocast, make_grad_scaler, maybe_compile, resolve_compile, resolve_precision
 from tinydit.sampling import class_cycle, euler_sample
 
 __all__ = ["Trainer", "TrainResult", "resolve_device", "ema_update", "ensure_writable_dir"]
@@ -122,6 +123,8 @@ class Trainer:
         self.out = Path(cfg.out)
         self.ckpt_path = self.out / "checkpoint.pt"
         self.device = resolve_device(cfg.device)
+        self.precision = resolve_precision(cfg.precision, self.device)
+        self.compiled = resolve_compile(cfg.compile, self.device)
         ensure_writable_dir(self.out)
 
         state = None
@@ -141,14 +144,19 @@ class Trainer:
             img_size=self.train_set.img_size,
             in_channels=self.train_set.channels,
             n_classes=len(self.train_set.classes),
+            **cfg.arch_overrides(),
         )
 
         torch.manual_seed(cfg.seed)
-        self.model = DiT(self.model_config).to(self.device)
+        self.model = DiT(self.model_config).to(self.device)  # fp32 master weights, saved as they are
         self.ema = copy.deepcopy(self.model).requires_grad_(False).eval()
         self.opt = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=cfg.weight_decay
         )
+        self.scaler = make_grad_scaler(self.device, self.precision)
+        # The compiled wrappers share the weights of model and ema; checkpoints come from the originals.
+        self.forward = maybe_compile(self.model, self.compiled)
+        self.ema_forward = maybe_compile(self.ema, self.compiled)
         self.step = 0
         self.train_seconds = 0.0
         if state is not None:
@@ -190,6 +198,8 @@ class Trainer:
         self.model.load_state_dict(state["model"])
         self.ema.load_state_dict(state["ema"])
         self.opt.load_state_dict(state["optimizer"])
+        if "grad_scaler" in state and self.scaler.is_enabled():
+            self.scaler.load_state_dict(state["grad_scaler"])
         self.step = int(state["step"])
         self.train_seconds = float(state["train_seconds"])
         torch.set_rng_state(state["rng"]["torch"])
@@ -209,6 +219,7 @@ class Trainer:
             "model": unwrap(self.model).state_dict(),
             "ema": unwrap(self.ema).state_dict(),
             "optimizer": self.opt.state_dict(),
+            "grad_scaler": self.scaler.state_dict(),
             "step": self.step,
             "train_seconds": self.train_seconds,
             "rng": {
@@ -234,6 +245,8 @@ class Trainer:
             "data": {"name": self.data_name, "classes": self.train_set.classes, "train_images": len(self.train_set)},
             "params": count_params(self.model),
             "device": str(self.device),
+            "precision": self.precision,
+            "compile": self.compiled,
             "tinydit_version": __version__,
             "torch_version": torch.__version__,
         }
@@ -273,12 +286,15 @@ class Trainer:
 
         for group in self.opt.param_groups:
             group["lr"] = self.lr_at(self.step)
-        loss = flow_loss(self.model, x, y, t, noise)
+        with autocast(dev, self.precision):
+            loss = flow_loss(self.forward, x, y, t, noise)
         self.opt.zero_grad(set_to_none=True)
-        loss.backward()
+        self.scaler.scale(loss).backward()
         if cfg.grad_clip > 0:
+            self.scaler.unscale_(self.opt)  # clip the true gradients, not the scaled ones
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-        self.opt.step()
+        self.scaler.step(self.opt)
+        self.scaler.update()
         ema_update(self.ema, self.model, self.ema_decay_at(self.step))
         self.step += 1
         return loss.detach()
@@ -311,7 +327,8 @@ class Trainer:
         y = class_cycle(per_class * cfg.n_classes, cfg.n_classes, self.device)
         gen = _generator(self.cfg.seed, 31)
         noise = torch.randn(len(y), cfg.in_channels, cfg.img_size, cfg.img_size, generator=gen)  # (n, C, H, W)
-        x = euler_sample(self.ema, noise.to(self.device), y, self.cfg.sample_steps, self.cfg.sample_cfg).x
+        with autocast(self.device, self.precision):
+            x = euler_sample(self.ema_forward, noise.to(self.device), y, self.cfg.sample_steps, self.cfg.sample_cfg).x
         folder = self.out / "samples"
         folder.mkdir(exist_ok=True)
         path = folder / f"step_{self.step:06d}.png"

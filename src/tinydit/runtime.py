@@ -1,0 +1,75 @@
+"""How the model runs on a device: numeric precision and ``torch.compile``, chosen per device.
+
+The defaults are what measured fastest (benchmarks/README.md):
+
+- CPU: fp32, eager. CPUs without AMX emulate bf16 matmuls, so bf16 autocast made a training step
+  about 12x slower on the 2-core AVX2 machine of our table, and ``torch.compile`` made it slower too.
+- CUDA: bf16 autocast and ``torch.compile`` (tensor cores; fused elementwise kernels).
+
+Master weights, gradients, optimizer state and the EMA stay in fp32 in every mode: autocast only
+lowers the precision of the matmuls and convolutions inside the forward pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from tinydit.errors import TinyDiTError
+
+__all__ = ["PRECISIONS", "resolve_precision", "resolve_compile", "autocast", "make_grad_scaler", "maybe_compile"]
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def resolve_precision(name: str, device: torch.device) -> str:
+    """'auto' becomes the fastest precision measured on this kind of device; others are checked."""
+    if name == "auto":
+        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return "bf16"
+        return "fp32"
+    if name not in PRECISIONS:
+        raise TinyDiTError(f"--precision must be auto, {', '.join(PRECISIONS)}; got {name!r}")
+    if name == "fp16" and device.type != "cuda":
+        raise TinyDiTError(
+            f"--precision fp16 needs a CUDA device (it trains with a gradient scaler); on {device.type} "
+            "use fp32 (fastest on CPUs) or bf16"
+        )
+    return name
+
+
+def resolve_compile(flag: str | bool, device: torch.device) -> bool:
+    """'auto' compiles on CUDA only: on our CPU benchmark the compiled training step was slower."""
+    if isinstance(flag, bool):
+        return flag
+    if flag == "auto":
+        return device.type == "cuda"
+    if flag in ("on", "off"):
+        return flag == "on"
+    raise TinyDiTError(f"--compile must be auto, on or off; got {flag!r}")
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """Mixed precision for the forward pass, or nothing for fp32."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=_DTYPES[precision])
+
+
+def make_grad_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler:
+    """Loss scaling keeps small fp16 gradients from flushing to zero; a no-op in any other mode."""
+    return torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+
+
+def maybe_compile(model: nn.Module, enabled: bool) -> Callable[..., torch.Tensor]:
+    """``torch.compile`` at the call site, never inside the model, so checkpoints hold plain weights.
+
+    The compiled wrapper shares its parameters with ``model``: save and load ``model`` itself.
+    """
+    if not enabled:
+        return model
+    return torch.compile(model)

@@ -1,0 +1,73 @@
+"""Precision and compilation: what each mode promises, checked on the CPU."""
+
+import pytest
+import torch
+from conftest import fast_config
+
+from tinydit.checkpoint import load_checkpoint, load_model, unwrap
+from tinydit.errors import TinyDiTError
+from tinydit.model import DiTConfig
+from tinydit.runtime import autocast, resolve_compile, resolve_precision
+from tinydit.sampling import euler_sample
+from tinydit.train import Trainer
+
+CPU = torch.device("cpu")
+
+
+def test_auto_picks_fp32_eager_on_cpu_and_fp16_needs_cuda():
+    assert resolve_precision("auto", CPU) == "fp32"
+    assert resolve_compile("auto", CPU) is False
+    assert resolve_compile("on", CPU) is True
+    with pytest.raises(TinyDiTError, match="fp16 needs a CUDA device"):
+        resolve_precision("fp16", CPU)
+    with pytest.raises(TinyDiTError, match="fp16 needs a CUDA device"):
+        Trainer(fast_config("unused", precision="fp16", device="cpu"), progress=False)
+
+
+def test_bf16_autocast_trains_with_fp32_master_weights_and_ema(tmp_path):
+    trainer = Trainer(fast_config(tmp_path, steps=2, batch_size=4, precision="bf16"), progress=False)
+    assert trainer.precision == "bf16"
+    with autocast(CPU, "bf16"):  # the forward pass really runs in bf16
+        v = trainer.forward(torch.randn(2, 3, 32, 32), torch.rand(2), torch.tensor([0, 1]))
+    assert v.dtype == torch.bfloat16
+    result = trainer.fit()
+    assert result.val_loss is not None and torch.isfinite(torch.tensor(result.val_loss))
+    state = load_checkpoint(tmp_path / "checkpoint.pt")
+    for key in ("model", "ema"):
+        assert {t.dtype for t in state[key].values()} == {torch.float32}, key
+    assert {p.dtype for p in trainer.opt.state_dict()["state"][0].values() if p.numel() > 1} == {torch.float32}
+
+
+def test_compiled_training_saves_plain_weights_that_load_into_either_module(tmp_path):
+    torch._dynamo.reset()
+    trainer = Trainer(fast_config(tmp_path, steps=2, batch_size=4, sample_steps=1, compile="on"), progress=False)
+    assert trainer.forward is not trainer.model  # the trainer really runs a compiled wrapper
+    trainer.fit()
+    state = load_checkpoint(tmp_path / "checkpoint.pt")
+    assert not any(k.startswith("_orig_mod") for k in state["model"])  # saved from the uncompiled module
+
+    model, _ = load_model(tmp_path / "checkpoint.pt")  # the EMA, into a plain module
+    compiled = trainer.ema_forward  # already compiled for the sample grid: 8 images of each of 4 classes
+    unwrap(compiled).load_state_dict(state["ema"])  # the same plain state dict goes into the compiled one
+    noise, y = torch.randn(32, 3, 32, 32), torch.arange(32) % 4
+    eager = euler_sample(model, noise, y, steps=1, cfg_scale=2.0).x
+    torch.testing.assert_close(euler_sample(compiled, noise, y, steps=1, cfg_scale=2.0).x, eager, rtol=1e-4, atol=1e-4)
+
+
+def test_precision_and_compile_do_not_change_the_run_identity(tmp_path):
+    """A run may continue on another device or in another mode; only the architecture is pinned."""
+    Trainer(fast_config(tmp_path, steps=1), progress=False).fit()
+    trainer = Trainer(fast_config(tmp_path, steps=2, precision="bf16"), progress=False)
+    assert trainer.step == 1
+    with pytest.raises(TinyDiTError, match="qk_norm: None -> True"):
+        Trainer(fast_config(tmp_path, steps=2, qk_norm=True), progress=False)
+
+
+def test_architecture_switches_reach_the_model(tmp_path):
+    trainer = Trainer(fast_config(tmp_path, steps=1, norm="rmsnorm", qk_norm=True, mlp="swiglu", pos="rope"),
+                      progress=False)  # fmt: skip
+    cfg = trainer.model_config
+    assert (cfg.norm, cfg.qk_norm, cfg.mlp, cfg.pos) == ("rmsnorm", True, "swiglu", "rope")
+    trainer.fit()
+    model, _ = load_model(tmp_path / "checkpoint.pt")
+    assert model.config == cfg and isinstance(model.config, DiTConfig)
