@@ -1,11 +1,25 @@
-"""Training and sampling throughput of the DiT presets on this machine.
+"""Training and sampling throughput, memory and model FLOP utilisation (MFU) on this machine.
 
-    python benchmarks/bench_train.py                       # every CPU-sized preset, both data shapes
-    python benchmarks/bench_train.py --preset dit-1.9m --shape 1x28
+    python benchmarks/bench_train.py                                  # every preset: the table in README
+    python benchmarks/bench_train.py --preset dit-1.9m --switches     # each architecture switch alone
+    python benchmarks/bench_train.py --preset dit-1.9m --modes        # fp32/bf16 x eager/compiled
+    python benchmarks/bench_train.py --preset dit-1.9m --compare diffusers
 
-Times full optimizer steps (forward, backward, clipping, AdamW, EMA) with the trainer's own code,
-after warm-up, and reports the median over repeats, plus Euler sampling throughput. Prints a Markdown
-table with the machine, torch version and date, ready for benchmarks/README.md.
+A training step is the trainer's whole step: forward, MSE loss, backward, gradient clipping, AdamW
+and the EMA update, on a batch already in memory. Every timing is the median of ``--repeats`` runs of
+``--steps`` steps after warm-up. Rows measured against each other are interleaved (A, B, A, B, ...)
+so that drifts in machine load hit both alike.
+
+MFU = achieved FLOP/s / peak FLOP/s, both measured in this run. Achieved FLOPs per training step:
+
+    3 x (2 x P x B x T + 4 x depth x B x T^2 x dim)
+
+(P: weights of the linear maps applied to every token, B batch, T tokens; backward = 2x forward.)
+The peak is the best fp32 (or --precision) matmul rate over square sizes 512-2048, measured before
+and after the model timings. With ``--compare diffusers`` the same loop times diffusers'
+``DiTTransformer2DModel`` at equal width, depth, heads, patch and image size (``pip install
+diffusers``), and the last two lines printed are ``mfu: 0.NN`` (TinyDiT) and
+``speedup_vs_diffusers: N.NN`` (TinyDiT images/s over diffusers' images/s).
 """
 
 from __future__ import annotations
@@ -13,17 +27,33 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime
+import multiprocessing as mp
 import os
 import platform
+import resource
 import statistics
+import sys
 import time
+from collections.abc import Callable
+from dataclasses import replace
 
 import torch
+import torch.nn.functional as F
 
-from tinydit.flow import flow_loss
-from tinydit.model import PRESETS, DiT, count_params, get_preset
+from tinydit.model import PRESETS, DiT, DiTConfig, count_params, get_preset
+from tinydit.runtime import autocast, cpu_has_native_bf16, maybe_compile
 from tinydit.sampling import euler_sample
 from tinydit.train import ema_update, resolve_device
+
+SWITCHES = {
+    "baseline (LayerNorm, GELU, sin-cos)": {},
+    "rmsnorm": dict(norm="rmsnorm"),
+    "qk_norm": dict(qk_norm=True),
+    "swiglu": dict(mlp="swiglu"),
+    "rope": dict(pos="rope"),
+    "all four": dict(norm="rmsnorm", qk_norm=True, mlp="swiglu", pos="rope"),
+}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def sync(device: torch.device) -> None:
@@ -31,84 +61,239 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def bench_train(model: DiT, batch: int, device: torch.device, steps: int, repeats: int) -> float:
-    """Median images/s over ``repeats`` timings of ``steps`` optimizer steps each."""
-    cfg = model.config
-    ema = copy.deepcopy(model).requires_grad_(False)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    x = torch.randn(batch, cfg.in_channels, cfg.img_size, cfg.img_size, device=device)
-    noise, t = torch.randn_like(x), torch.rand(batch, device=device)
-    y = torch.randint(0, cfg.n_classes + 1, (batch,), device=device)
+def matmul_peak(device: torch.device, precision: str) -> float:
+    """Best FLOP/s of one square matmul over a few sizes: the machine's practical peak."""
+    dtype = DTYPES[precision]
+    best = 0.0
+    for n in (512, 1024, 2048):
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        b = torch.randn(n, n, device=device, dtype=dtype)
+        reps = max(2, int(4e9 / (2 * n**3))) if device.type == "cpu" else 50
+        if precision != "fp32" and device.type == "cpu" and not cpu_has_native_bf16():
+            reps = 1  # emulated bf16/fp16 matmuls: one is slow enough
+        a @ b  # warm-up
+        for _ in range(3):
+            sync(device)
+            start = time.perf_counter()
+            for _ in range(reps):
+                a @ b
+            sync(device)
+            best = max(best, reps * 2 * n**3 / (time.perf_counter() - start))
+    return best
 
-    def step() -> None:
-        loss = flow_loss(model, x, y, t, noise)
-        opt.zero_grad(set_to_none=True)
+
+class Workload:
+    """One model's training step and sampler on a fixed in-memory batch."""
+
+    def __init__(self, name: str, model: torch.nn.Module, forward: Callable, cfg: DiTConfig, batch: int,
+                 device: torch.device, precision: str):  # fmt: skip
+        self.name, self.model, self.cfg, self.batch = name, model, cfg, batch
+        self.forward, self.device, self.precision = forward, device, precision
+        self.ema = copy.deepcopy(model).requires_grad_(False)
+        self.opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.99))
+        g = torch.Generator().manual_seed(0)
+        shape = (batch, cfg.in_channels, cfg.img_size, cfg.img_size)
+        self.x = torch.randn(shape, generator=g).to(device)
+        self.noise = torch.randn(shape, generator=g).to(device)
+        self.t = torch.rand(batch, generator=g).to(device)
+        self.y = torch.randint(0, cfg.n_classes + 1, (batch,), generator=g).to(device)
+
+    def step(self) -> None:
+        t = self.t.view(-1, 1, 1, 1)
+        x_t = (1 - t) * self.x + t * self.noise  # the flow-matching path, as in tinydit.flow
+        with autocast(self.device, self.precision):
+            v = self.forward(x_t, self.t, self.y)
+        loss = F.mse_loss(v.float(), self.noise - self.x)
+        self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        ema_update(ema, model, 0.999)
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        ema_update(self.ema, self.model, 0.999)
 
-    for _ in range(3):  # warm-up: allocator, kernels, optimizer state
-        step()
-    rates = []
-    for _ in range(repeats):
-        sync(device)
+    def time_steps(self, steps: int) -> float:
+        sync(self.device)
         start = time.perf_counter()
         for _ in range(steps):
-            step()
-        sync(device)
-        rates.append(steps * batch / (time.perf_counter() - start))
-    return statistics.median(rates)
+            self.step()
+        sync(self.device)
+        return (time.perf_counter() - start) / steps
+
+
+def tinydit_workload(cfg: DiTConfig, batch: int, device: torch.device, precision: str, compiled: bool) -> Workload:
+    torch.manual_seed(0)
+    model = DiT(cfg).to(device)
+    return Workload("TinyDiT", model, maybe_compile(model, compiled), cfg, batch, device, precision)
+
+
+def diffusers_workload(cfg: DiTConfig, batch: int, device: torch.device, precision: str) -> Workload:
+    """diffusers' DiT at the same width, depth, heads, patch and image size (adaLN-Zero, GELU-tanh)."""
+    try:
+        from diffusers import DiTTransformer2DModel
+    except ImportError:
+        sys.exit("--compare diffusers needs diffusers: pip install diffusers")
+    torch.manual_seed(0)
+    model = DiTTransformer2DModel(
+        num_attention_heads=cfg.n_heads, attention_head_dim=cfg.head_dim, in_channels=cfg.in_channels,
+        out_channels=cfg.in_channels, num_layers=cfg.depth, sample_size=cfg.img_size, patch_size=cfg.patch_size,
+        num_embeds_ada_norm=cfg.n_classes + 1, norm_type="ada_norm_zero",
+    ).to(device)  # fmt: skip
+
+    def forward(x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return model(x, timestep=1000 * t, class_labels=y).sample  # diffusers counts time in 0-1000
+
+    return Workload("diffusers", model, forward, cfg, batch, device, precision)
+
+
+def race(workloads: list[Workload], steps: int, repeats: int) -> list[float]:
+    """Median seconds per training step of each workload, timed in turns after a warm-up."""
+    for w in workloads:
+        for _ in range(3):  # allocator, kernels, optimizer state; compilation for compiled ones
+            w.step()
+    times: list[list[float]] = [[] for _ in workloads]
+    for _ in range(repeats):
+        for i, w in enumerate(workloads):
+            times[i].append(w.time_steps(steps))
+    return [statistics.median(t) for t in times]
 
 
 @torch.no_grad()
-def bench_sample(model: DiT, n: int, device: torch.device, steps: int, cfg_scale: float) -> float:
-    """Images/s of Euler sampling with guidance, median of 3."""
-    c = model.config
-    noise = torch.randn(n, c.in_channels, c.img_size, c.img_size, device=device)
-    y = torch.arange(n, device=device) % c.n_classes
-    model.eval()
-    euler_sample(model, noise, y, 2, cfg_scale)  # warm-up
-    rates = []
-    for _ in range(3):
-        sync(device)
-        start = time.perf_counter()
-        euler_sample(model, noise, y, steps, cfg_scale)
-        sync(device)
-        rates.append(n / (time.perf_counter() - start))
+def sample_rate(w: Workload, n: int, steps: int) -> float:
+    """Images/s of Euler sampling with guidance (2 evaluations per step), median of 3."""
+    cfg = w.cfg
+    noise = torch.randn(n, cfg.in_channels, cfg.img_size, cfg.img_size, device=w.device)
+    y = torch.arange(n, device=w.device) % cfg.n_classes
+    forward = maybe_compile(w.ema, w.forward is not w.model)
+    with autocast(w.device, w.precision):
+        euler_sample(forward, noise, y, 2, 2.0)  # warm-up
+        rates = []
+        for _ in range(3):
+            sync(w.device)
+            start = time.perf_counter()
+            euler_sample(forward, noise, y, steps, 2.0)
+            sync(w.device)
+            rates.append(n / (time.perf_counter() - start))
     return statistics.median(rates)
+
+
+def _peak_memory_child(cfg: dict, batch: int, device: str, precision: str, queue: mp.Queue) -> None:
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    w = tinydit_workload(DiTConfig(**cfg), batch, dev, precision, compiled=False)
+    for _ in range(2):
+        w.step()
+    if dev.type == "cuda":
+        queue.put(torch.cuda.max_memory_allocated(dev) / 2**20)
+    else:  # ru_maxrss is in KiB on Linux: the high-water mark of the process above its start
+        queue.put((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)
+
+
+def peak_memory_mb(cfg: DiTConfig, batch: int, device: torch.device, precision: str) -> float:
+    """Peak memory of two training steps, measured in a fresh process so earlier rows don't count."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_peak_memory_child, args=(cfg.to_dict(), batch, str(device), precision, queue))
+    proc.start()
+    value = queue.get()
+    proc.join()
+    return value
+
+
+def header(args: argparse.Namespace, device: torch.device) -> None:
+    cpu = f"{platform.processor() or platform.machine()} ({torch.backends.cpu.get_cpu_capability()}, " \
+          f"native bf16: {'yes' if cpu_has_native_bf16() else 'no'})"
+    if device.type == "cuda":
+        cpu = torch.cuda.get_device_name(device)
+    print(f"machine: {cpu}, {os.cpu_count()} CPUs, device {device}; torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads; {datetime.date.today()}")
+    print(f"command: python benchmarks/bench_train.py {' '.join(sys.argv[1:])}".rstrip())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", action="append", help="preset(s) to measure (default: all but dit-32m on CPU)")
-    parser.add_argument("--shape", action="append", help="CxS image shapes, e.g. 3x32 (shapes, CIFAR) or 1x28")
+    parser.add_argument("--preset", action="append", help="preset(s) to measure (default: all that fit the device)")
+    parser.add_argument("--shape", default="3x32", help="CxS image shape: 3x32 (shapes, CIFAR-10) or 1x28 (FMNIST)")
     parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=5, help="optimizer steps per timing")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--sample-steps", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=3, help="training steps per timing")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--sample-steps", type=int, default=16)
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--precision", default="fp32", choices=list(DTYPES))
+    parser.add_argument("--compile", action="store_true", help="torch.compile TinyDiT's forward")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--switches", action="store_true", help="one row per architecture switch")
+    mode.add_argument("--modes", action="store_true", help="fp32/bf16 x eager/compiled for one preset")
+    mode.add_argument("--compare", choices=["diffusers"], help="race diffusers' DiT at the same configuration")
     args = parser.parse_args()
     device = resolve_device(args.device)
+    channels, size = (int(v) for v in args.shape.split("x"))
     presets = args.preset or [p for p in PRESETS if device.type != "cpu" or p != "dit-32m"]
-    shapes = args.shape or ["3x32", "1x28"]
+    header(args, device)
+    peak_before = matmul_peak(device, args.precision)
 
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, device {device}; "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads; {datetime.date.today()}")
-    print(f"command: python benchmarks/bench_train.py {' '.join(os.sys.argv[1:])}".rstrip())
+    if args.compare:
+        cfg = get_preset(presets[0], img_size=size, in_channels=channels)
+        ours = tinydit_workload(cfg, args.batch, device, args.precision, args.compile)
+        theirs = diffusers_workload(cfg, args.batch, device, args.precision)
+        t_ours, t_theirs = race([ours, theirs], args.steps, args.repeats)
+        peak = max(peak_before, matmul_peak(device, args.precision))
+        flops = 3 * DiT(cfg).flops_per_image() * args.batch
+        print(f"config: {presets[0]} ({args.shape}, {cfg.n_tokens} tokens, dim {cfg.dim}, depth {cfg.depth}, "
+              f"{cfg.n_heads} heads, patch {cfg.patch_size}), batch {args.batch}, {args.precision}"
+              f"{', compiled' if args.compile else ''}; matmul peak {peak / 1e9:.1f} GFLOP/s")
+        print("FLOPs per step = 3 x (2 P B T + 4 depth B T^2 dim) "
+              f"= {flops / 1e9:.2f} GFLOP (P = {DiT(cfg).token_params():,} per-token weights)")
+        print()
+        print("| model | params | train img/s | step ms | achieved GFLOP/s | MFU |")
+        print("|---|---|---|---|---|---|")
+        for w, t in ((ours, t_ours), (theirs, t_theirs)):
+            print(f"| {w.name} | {count_params(w.model) / 1e6:.2f}M | {args.batch / t:.0f} | {1000 * t:.0f} | "
+                  f"{flops / t / 1e9:.1f} | {flops / t / peak:.2f} |")
+        print()
+        print(f"mfu: {flops / t_ours / peak:.2f}")
+        print(f"speedup_vs_diffusers: {t_theirs / t_ours:.2f}")
+        return
+
+    if args.modes:
+        cfg = get_preset(presets[0], img_size=size, in_channels=channels)
+        modes = [(p, c) for p in ("fp32", "bf16") for c in (False, True)]
+        if device.type == "cuda":
+            modes += [("fp16", False), ("fp16", True)]
+        rows = [(p, c, tinydit_workload(cfg, args.batch, device, p, c)) for p, c in modes]
+        print(f"config: {presets[0]} ({args.shape}), batch {args.batch}; "
+              f"fp32 matmul peak {peak_before / 1e9:.1f} GFLOP/s")
+        print()
+        print("| precision | compiled | train img/s | vs fp32 eager | sample img/s |")
+        print("|---|---|---|---|---|")
+        slow = device.type == "cpu" and not cpu_has_native_bf16()  # emulated bf16: time single steps
+        times = race([w for _, _, w in rows], 1 if slow else args.steps, args.repeats)
+        for (p, c, w), t in zip(rows, times, strict=True):
+            print(f"| {p} | {'yes' if c else 'no'} | {args.batch / t:.0f} | {times[0] / t:.2f}x | "
+                  f"{sample_rate(w, args.batch, args.sample_steps):.0f} |", flush=True)
+        return
+
+    if args.switches:
+        base = get_preset(presets[0], img_size=size, in_channels=channels)
+        rows = [(name, replace(base, **sw)) for name, sw in SWITCHES.items()]
+        title = f"switch ({presets[0]}, {args.shape})"
+    else:
+        rows = [(name, get_preset(name, img_size=size, in_channels=channels)) for name in presets]
+        title = f"preset ({args.shape})"
+    workloads = [tinydit_workload(cfg, args.batch, device, args.precision, args.compile) for _, cfg in rows]
+    times = race(workloads, args.steps, args.repeats)
+    peak = max(peak_before, matmul_peak(device, args.precision))
+    print(f"batch {args.batch}, {args.precision}{', compiled' if args.compile else ''}; "
+          f"matmul peak {peak / 1e9:.1f} GFLOP/s; MFU counts 3 x (2 P B T + 4 depth B T^2 dim) FLOPs per step")
     print()
-    print(f"| preset | params | image | tokens | train img/s (batch {args.batch}) | "
-          f"sample img/s ({args.sample_steps} Euler steps, guidance on) |")
-    print("|---|---|---|---|---|---|")
-    for name in presets:
-        for shape in shapes:
-            c, s = (int(v) for v in shape.split("x"))
-            torch.manual_seed(0)
-            model = DiT(get_preset(name, img_size=s, in_channels=c)).to(device)
-            train_rate = bench_train(model, args.batch, device, args.steps, args.repeats)
-            sample_rate = bench_sample(model, args.batch, device, args.sample_steps, 2.0)
-            print(f"| {name} | {count_params(model) / 1e6:.2f}M | {c}x{s}x{s} | {model.config.n_tokens} | "
-                  f"{train_rate:.0f} | {sample_rate:.0f} |", flush=True)
+    print(f"| {title} | params | tokens | train img/s | MFU | sample img/s ({args.sample_steps} Euler steps, "
+          "guided) | peak train memory MiB |")
+    print("|---|---|---|---|---|---|---|")
+    for (name, cfg), w, t in zip(rows, workloads, times, strict=True):
+        flops = 3 * w.model.flops_per_image() * args.batch
+        print(f"| {name} | {count_params(w.model) / 1e6:.2f}M | {cfg.n_tokens} | {args.batch / t:.0f} | "
+              f"{flops / t / peak:.2f} | {sample_rate(w, args.batch, args.sample_steps):.0f} | "
+              f"{peak_memory_mb(cfg, args.batch, device, args.precision):.0f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -14,8 +14,13 @@ from tinydit.train import Trainer
 CPU = torch.device("cpu")
 
 
-def test_auto_picks_fp32_eager_on_cpu_and_fp16_needs_cuda():
-    assert resolve_precision("auto", CPU) == "fp32"
+def test_auto_picks_bf16_only_on_cpus_with_native_bf16_and_fp16_needs_cuda(monkeypatch):
+    import tinydit.runtime as runtime
+
+    for native, expected in ((True, "bf16"), (False, "fp32")):
+        monkeypatch.setattr(runtime, "cpu_has_native_bf16", lambda native=native: native)
+        assert resolve_precision("auto", CPU) == expected
+    assert resolve_precision("auto", torch.device("mps")) == "fp32"
     assert resolve_compile("auto", CPU) is False
     assert resolve_compile("on", CPU) is True
     with pytest.raises(TinyDiTError, match="fp16 needs a CUDA device"):

@@ -45,9 +45,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--device", default=d.device, help="auto | cpu | cuda | cuda:N | mps")
     p.add_argument("--precision", default=d.precision, choices=["auto", "fp32", "bf16", "fp16"],
-                   help="auto: bf16 on CUDA, fp32 on CPU (the fastest measured; see benchmarks/README.md)")
+                   help="auto: bf16 on CUDA and on CPUs with native bf16 (AVX512-BF16/AMX), else fp32: "
+                        "the fastest measured (benchmarks/README.md)")
     p.add_argument("--compile", default=d.compile, choices=["auto", "on", "off"],
-                   help="torch.compile the forward passes; auto: on for CUDA, off for CPU (measured slower there)")
+                   help="torch.compile the forward passes; auto: on for CUDA, off for CPU (too little gain there)")
     arch = p.add_argument_group("architecture switches (default: the preset's; see docs/ablation.md)")
     arch.add_argument("--norm", choices=["layernorm", "rmsnorm"], default=None)
     arch.add_argument("--qk-norm", choices=["on", "off"], default=None, help="RMS-normalise queries and keys")
