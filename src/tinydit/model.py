@@ -185,6 +185,23 @@ def make_norm(kind: str, dim: int) -> nn.Module:
     return nn.LayerNorm(dim, eps=1e-6, elementwise_affine=False)
 
 
+class QKNorm(nn.Module):
+    """RMSNorm over the head dim with a learned gain, applied in the input's dtype.
+
+    ``nn.RMSNorm`` with an fp32 gain on bf16 autocast inputs falls back to a slow unfused kernel, so
+    the gain is cast to the input's dtype and applied after the fused, weightless norm.
+    """
+
+    def __init__(self, head_dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(head_dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., Dh) -> (..., Dh)"""
+        return F.rms_norm(x, self.weight.shape, eps=self.eps) * self.weight.to(x.dtype)
+
+
 class Attention(nn.Module):
     """Multi-head self-attention: one fused QKV projection, optional QK-norm and RoPE, PyTorch's SDPA."""
 
@@ -195,8 +212,8 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         head_dim = dim // n_heads
         # QK-norm bounds every logit by sqrt(Dh) * gain^2, whatever the size of x (ViT-22B, SD3).
-        self.q_norm = nn.RMSNorm(head_dim, eps=1e-6) if qk_norm else nn.Identity()
-        self.k_norm = nn.RMSNorm(head_dim, eps=1e-6) if qk_norm else nn.Identity()
+        self.q_norm = QKNorm(head_dim) if qk_norm else nn.Identity()
+        self.k_norm = QKNorm(head_dim) if qk_norm else nn.Identity()
 
     def heads(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None
