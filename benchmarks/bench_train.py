@@ -175,18 +175,30 @@ def sample_rate(w: Workload, n: int, steps: int) -> float:
     return statistics.median(rates)
 
 
+def _high_water_kib() -> int:
+    """Peak resident memory of this process in KiB. Linux's VmHWM starts afresh at exec, unlike
+    ru_maxrss, which a spawned child inherits from its (large) parent."""
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
 def _peak_memory_child(cfg: dict, batch: int, device: str, precision: str, queue: mp.Queue) -> None:
     dev = torch.device(device)
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    base = _high_water_kib()
     w = tinydit_workload(DiTConfig(**cfg), batch, dev, precision, compiled=False)
     for _ in range(2):
         w.step()
     if dev.type == "cuda":
         queue.put(torch.cuda.max_memory_allocated(dev) / 2**20)
-    else:  # ru_maxrss is in KiB on Linux: the high-water mark of the process above its start
-        queue.put((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)
+    else:  # the high-water mark above the freshly imported process
+        queue.put((_high_water_kib() - base) / 1024)
 
 
 def peak_memory_mb(cfg: DiTConfig, batch: int, device: torch.device, precision: str) -> float:
