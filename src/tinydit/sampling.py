@@ -34,7 +34,7 @@ from tinydit.grids import DEFAULT_SHIFT, GRIDS, check_grid, shifted_grid, time_g
 
 __all__ = ["SampleResult", "SAMPLERS", "GRIDS", "DEFAULT_SHIFT", "sample", "check_sampler_args", "uniform_grid",
            "shifted_grid", "time_grid", "guided_velocity", "euler_sample", "heun_sample", "midpoint_sample",
-           "dopri5_sample", "generate", "class_cycle", "resolve_labels"]  # fmt: skip
+           "dopri5_sample", "sampler_settings", "generate", "class_cycle", "resolve_labels"]  # fmt: skip
 
 
 @dataclass
@@ -214,6 +214,7 @@ _A = (
 )
 _B4 = (5179 / 57600, 0.0, 7571 / 16695, 393 / 640, -92097 / 339200, 187 / 2100, 1 / 40)  # the embedded 4th order
 _E = tuple(b5 - b4 for b5, b4 in zip((*_A[6], 0.0), _B4, strict=True))  # 5th minus 4th order weights
+DEFAULT_TOL = 1e-3  # dopri5's default rtol and atol: per step, 1/8 of an 8-bit level (2/255 in [-1, 1])
 MAX_DOPRI5_STEPS = 10_000  # attempted steps; a learned field that needs more is not being integrated
 
 
@@ -275,7 +276,7 @@ def dopri5_sample(
     differently (within the tolerance) in another batch.
     """
     check_sampler_args(steps, cfg_scale, "dopri5", grid, shift, cfg_interval, rtol, atol)
-    rtol, atol = 1e-3 if rtol is None else rtol, 1e-3 if atol is None else atol
+    rtol, atol = DEFAULT_TOL if rtol is None else rtol, DEFAULT_TOL if atol is None else atol
     f = _Velocity(model, y, cfg_scale, cfg_interval)
     h = 1.0 - time_grid(steps, grid, shift)[1].item()
     switches = sorted({v for v in (f.lo, f.hi) if 0 < v < 1 and cfg_scale != 1.0}, reverse=True)
@@ -299,6 +300,20 @@ def sample(
     options = {k: v for k, v in options.items() if v is not None}  # None: the sampler's default
     check_sampler_args(steps, cfg_scale, name, **options)
     return SAMPLERS[name](model, noise, y, steps, cfg_scale, **options)
+
+
+def sampler_settings(name: str, steps: int, cfg_scale: float, **options) -> dict:
+    """The complete settings of a sampling run as a JSON-ready dict, defaults filled in (for reports)."""
+    options = {k: v for k, v in options.items() if v is not None}
+    check_sampler_args(steps, cfg_scale, name, **options)
+    grid = options.get("grid", "uniform")
+    interval = options.get("cfg_interval")
+    out = {"name": name, "steps": steps, "cfg": cfg_scale, "grid": grid,
+           "shift": options.get("shift", DEFAULT_SHIFT) if grid == "shifted" else None,
+           "cfg_interval": [float(v) for v in interval] if interval is not None else None}  # fmt: skip
+    if name == "dopri5":
+        out.update(rtol=options.get("rtol", DEFAULT_TOL), atol=options.get("atol", DEFAULT_TOL))
+    return out
 
 
 # --- generation in batches, labels ---------------------------------------------------------------------------
