@@ -54,9 +54,9 @@ def test_train_then_sample_every_output_kind(tmp_path, capsys):
 def test_sampler_options_reach_the_sampler_and_count_evaluations(tmp_path, capsys, tiny_run):
     ckpt = tiny_run[0] / "checkpoint.pt"
     base = ["sample", "--checkpoint", ckpt, "--n", 4, "--steps", 2, "--cfg", 2]
-    # Heun on the grid 1, 1/2, 0 evaluates at t = 1, 1/2, 1/2, 0; guided (2 evaluations) only at t = 1.
+    # Heun on the grid 1, 1/2, 0 evaluates at t = 1, 1/2, 1/2 (its last step is Euler's); guided only at t = 1.
     code, err = run([*base, "--sampler", "heun", "--cfg-interval", 0.6, 1, "--out", tmp_path / "h.npz"], capsys)
-    assert code == 0 and "(heun, 5 model evaluations per image" in err, err
+    assert code == 0 and "(heun, 4 model evaluations per image" in err, err
     code, err = run([*base, "--sampler", "midpoint", "--grid", "shifted", "--shift", 2, "--out", tmp_path / "m.npz"],
                     capsys)  # fmt: skip
     assert code == 0 and "(midpoint, 8 model evaluations per image" in err, err

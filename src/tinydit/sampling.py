@@ -12,7 +12,7 @@ evaluates the model on the conditional and the unconditional input (batched into
 so it counts as two; outside the guidance interval it counts as one. ``SAMPLERS`` names them:
 
     euler     1st order, 1 velocity per step
-    heun      2nd order (trapezoidal predictor-corrector), 2 per step, including the last step to t = 0
+    heun      2nd order (trapezoidal predictor-corrector), 2 per step, 1 for the last (Euler) step to t = 0
     midpoint  2nd order (explicit midpoint), 2 per step; never evaluates the model at t = 0
     dopri5    Dormand-Prince 5(4), adaptive steps under ``rtol``/``atol``; ``steps`` only sets the first trial step
 
@@ -157,11 +157,13 @@ def heun_sample(
     cfg_interval: tuple[float, float] | None = None,
 ) -> SampleResult:
     """Heun's method (Karras et al. 2022, alg. 1): an Euler predictor, then the trapezoidal corrector
-    x_{t + h} = x_t + h (v(x_t, t) + v(x_pred, t + h)) / 2. Order 2, two velocities per step.
+    x_{t + h} = x_t + h (v(x_t, t) + v(x_pred, t + h)) / 2. Order 2; nfe = 2 steps - 1 (x2 when guided).
 
-    Unlike Karras et al., the last step to t = 0 is corrected too: their ODE divides by sigma and is
-    singular at sigma = 0, but a flow-matching velocity is finite at t = 0 (there the ideal one is
-    E[noise] - x = -x), so every step keeps second order and nfe is exactly 2 steps (x2 when guided).
+    As in Karras et al., the last step, to t = 0, is a plain Euler step, so the model is never asked
+    for the velocity at t = 0. Near the data the field is nearly singular (v = (x - E[x0 | x]) / t
+    off the data), so the corrector's evaluation there at the predictor's off-data point hurts: on
+    Fashion-MNIST (dit-0.2m, 1000 samples) correcting the last step too gave FID 16.7 at 4 steps
+    where Euler gave 6.9. One Euler step adds an O(h^2) error once: the method stays second order.
     """
     check_sampler_args(steps, cfg_scale, "heun", grid, shift, cfg_interval)
     f, ts = _Velocity(model, y, cfg_scale, cfg_interval), time_grid(steps, grid, shift).tolist()
@@ -170,7 +172,7 @@ def heun_sample(
         h = t_next - t
         v = f(x, t)
         x_pred = x + h * v  # the Euler predictor
-        x = x + h * 0.5 * (v + f(x_pred, t_next))
+        x = x + h * 0.5 * (v + f(x_pred, t_next)) if t_next > 0 else x_pred
     return SampleResult(x, f.nfe)
 
 
