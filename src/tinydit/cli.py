@@ -62,18 +62,18 @@ def _add_sampler_args(p: argparse.ArgumentParser, steps: bool = True) -> None:
     """The sampler settings shared by `sample`, `eval` and `sweep` (checked by the library, not argparse,
     so a bad value is one clear line)."""
     if steps:
-        p.add_argument("--sampler", default="euler", help="euler | heun | midpoint | dopri5 (adaptive)")
+        p.add_argument("--sampler", default="euler", help="euler | heun | midpoint | dopri5 (adaptive); see the README")
         p.add_argument("--steps", type=int, default=32,
                        help="steps of a fixed-step sampler (heun and midpoint evaluate twice per step); "
                             "dopri5: sets only its first trial step")
     p.add_argument("--grid", default="uniform", help="time grid: uniform | shifted (SD3's, see --shift)")
-    p.add_argument("--shift", type=float, default=None, help="shift of the shifted grid, > 1 favours the noise "
-                   "end (default 3)")
+    p.add_argument("--shift", type=float, default=None,
+                   help="shift of the shifted grid, > 1 favours the noise end; None: 3, as in SD3")
     p.add_argument("--cfg-interval", type=float, nargs=2, metavar=("LO", "HI"), default=None,
                    help="apply guidance only for LO <= t <= HI (t = 1 is noise); conditional only elsewhere")
     if steps:
-        p.add_argument("--rtol", type=float, default=None, help="dopri5's relative tolerance (default 1e-3)")
-        p.add_argument("--atol", type=float, default=None, help="dopri5's absolute tolerance (default 1e-3)")
+        p.add_argument("--rtol", type=float, default=None, help="dopri5's relative tolerance; None: 1e-3")
+        p.add_argument("--atol", type=float, default=None, help="dopri5's absolute tolerance; None: 1e-3")
 
 
 def _sampler_options(args: argparse.Namespace) -> dict:

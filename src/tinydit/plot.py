@@ -98,7 +98,7 @@ def line_plot(
         y_lo, y_hi = min(ally) - pad, max(ally) + pad
         if min(ally) >= 0:
             y_lo = max(y_lo, 0.0)
-        yticks = [v for v in nice_ticks(y_lo, y_hi) if y_lo <= v <= y_hi]
+        yticks = [v for v in nice_ticks(y_lo, y_hi, target=8) if y_lo <= v <= y_hi]
 
     legend_w = max((draw.textlength(label, font=small) for label, _, _ in series), default=0) + 50
     left, right, top, bottom = 80, width - 30 - legend_w, 50, height - 70
