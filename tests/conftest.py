@@ -37,3 +37,9 @@ def tiny_run(tmp_path_factory):
     torch.set_num_threads(max(1, torch.get_num_threads()))
     result = Trainer(fast_config(out, steps=8), progress=False).fit()
     return out, result
+
+
+@pytest.fixture(scope="session")
+def eval_cache(tmp_path_factory):
+    """One reference-feature cache for the evaluation and sweep tests: the shapes features are computed once."""
+    return tmp_path_factory.mktemp("eval-cache")

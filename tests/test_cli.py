@@ -51,6 +51,22 @@ def test_train_then_sample_every_output_kind(tmp_path, capsys):
     assert not np.array_equal(np.load(tmp_path / "u.npz")["images"], data["images"])
 
 
+def test_sampler_options_reach_the_sampler_and_count_evaluations(tmp_path, capsys, tiny_run):
+    ckpt = tiny_run[0] / "checkpoint.pt"
+    base = ["sample", "--checkpoint", ckpt, "--n", 4, "--steps", 2, "--cfg", 2]
+    # Heun on the grid 1, 1/2, 0 evaluates at t = 1, 1/2, 1/2 (its last step is Euler's); guided only at t = 1.
+    code, err = run([*base, "--sampler", "heun", "--cfg-interval", 0.6, 1, "--out", tmp_path / "h.npz"], capsys)
+    assert code == 0 and "(heun, 4 model evaluations per image" in err, err
+    code, err = run([*base, "--sampler", "midpoint", "--grid", "shifted", "--shift", 2, "--out", tmp_path / "m.npz"],
+                    capsys)  # fmt: skip
+    assert code == 0 and "(midpoint, 8 model evaluations per image" in err, err
+    code, err = run([*base, "--sampler", "dopri5", "--rtol", 0.05, "--atol", 0.05, "--out", tmp_path / "d.npz"],
+                    capsys)  # fmt: skip
+    assert code == 0 and "(dopri5, " in err, err
+    images = [np.load(tmp_path / f"{k}.npz")["images"] for k in "hmd"]
+    assert all(x.shape == (4, 3, 32, 32) for x in images) and not np.array_equal(images[0], images[1])
+
+
 def test_rerunning_the_same_command_continues(tmp_path, capsys):
     args = ["train", "--data", "shapes", "--out", tmp_path, *FAST_TRAIN]
     assert run([*args, "--steps", 2], capsys)[0] == 0
@@ -86,6 +102,12 @@ def _not_a_checkpoint(tmp_path):
     (lambda p: ["sample", "--checkpoint", "CKPT", "--cfg", -1], "--cfg (the guidance scale) must be >= 0"),
     (lambda p: ["sample", "--checkpoint", "CKPT", "--out", p / "f.txt"], "use an image file"),
     (lambda p: ["sample", "--checkpoint", "CKPT", "--n", 0, "--out", p / "x.png"], "--n must be >= 1"),
+    (lambda p: ["sample", "--checkpoint", "CKPT", "--sampler", "rk4"], "unknown sampler 'rk4': use one of euler"),
+    (lambda p: ["sample", "--checkpoint", "CKPT", "--grid", "karras"], "unknown time grid 'karras'"),
+    (lambda p: ["sample", "--checkpoint", "CKPT", "--shift", 2], "--shift applies to the shifted grid only"),
+    (lambda p: ["sample", "--checkpoint", "CKPT", "--cfg-interval", 0.9, 0.1], "needs 0 <= LO <= HI <= 1"),
+    (lambda p: ["sample", "--checkpoint", "CKPT", "--rtol", 1e-3], "--rtol applies to the adaptive sampler"),
+    (lambda p: ["eval", "--checkpoint", "CKPT", "--sampler", "rk4", "--out", p / "e"], "unknown sampler 'rk4'"),
 ])  # fmt: skip
 def test_bad_input_is_one_clear_line_and_exit_2(tmp_path, capsys, tiny_run, make_args, message):
     ckpt = tiny_run[0] / "checkpoint.pt"

@@ -40,13 +40,13 @@ def test_shipped_feature_nets_load_and_are_accurate_on_held_out_images(data, nam
 
 @pytest.mark.parametrize("data", ["shapes", pytest.param("fashion-mnist", marks=pytest.mark.skipif(
     not HAS_FMNIST, reason="Fashion-MNIST is absent (./data and Debian's dataset-fashion-mnist)"))])
-def test_metrics_worsen_monotonically_with_blur_and_noise(data, tmp_path):
+def test_metrics_worsen_monotonically_with_blur_and_noise(data, eval_cache):
     real = load_dataset(data, train=True, limit=1000).images
     labels = load_dataset(data, train=True, limit=1000).labels
     results = {}
     for name, imgs in [("real", real), ("blur1", blur(real, 1)), ("blur3", blur(real, 3)),
                        ("noise16", add_noise(real, 16)), ("noise48", add_noise(real, 48))]:  # fmt: skip
-        results[name] = evaluate(imgs, labels, data, cache_dir=tmp_path, kid_subsets=10)
+        results[name] = evaluate(imgs, labels, data, cache_dir=eval_cache, kid_subsets=10)
     tag = "shapes_cnn" if data == "shapes" else "fmnist_cnn"
     fid = {k: v[f"fid_{tag}"] for k, v in results.items()}
     kid_ = {k: v[f"kid_{tag}_mean"] for k, v in results.items()}
@@ -139,10 +139,10 @@ def test_load_samples_from_folder_reads_class_names(tmp_path):
     assert images.shape == (3, 32, 32, 3) and labels.tolist() == [0, 1, 0]
 
 
-def test_eval_cli_end_to_end_on_a_tiny_checkpoint(tiny_run, tmp_path, capsys):
+def test_eval_cli_end_to_end_on_a_tiny_checkpoint(tiny_run, tmp_path, capsys, eval_cache):
     ckpt = tiny_run[0] / "checkpoint.pt"
     code = main(["eval", "--checkpoint", str(ckpt), "--n", "40", "--steps", "2", "--out", str(tmp_path / "ev"),
-                 "--cache-dir", str(tmp_path / "cache")])  # fmt: skip
+                 "--cache-dir", str(eval_cache)])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 0, err
     metrics = json.loads((tmp_path / "ev" / "metrics.json").read_text())
@@ -150,15 +150,17 @@ def test_eval_cli_end_to_end_on_a_tiny_checkpoint(tiny_run, tmp_path, capsys):
                 "recall_shapes_cnn", "class_consistency_shapes_cnn"):  # fmt: skip
         assert isinstance(metrics[key], float), key
     assert metrics["n_samples"] == 40 and metrics["nfe_per_image"] == 4 and metrics["eval_seconds"] > 0
+    assert metrics["sampler"] == {"name": "euler", "steps": 2, "cfg": 2.0, "grid": "uniform", "shift": None,
+                                  "cfg_interval": None, "seed": 0}  # fmt: skip
     assert metrics["command"].startswith(f"tinydit eval --checkpoint {ckpt} --n 40")
     report = (tmp_path / "ev" / "report.md").read_text()
-    assert "fid_shapes_cnn" in report and "samples_by_class.png" in report
+    assert "fid_shapes_cnn" in report and "samples_by_class.png" in report and "- sampler: name euler" in report
 
     # the same samples written to .npz evaluate to the same numbers
     assert main(["sample", "--checkpoint", str(ckpt), "--n", "40", "--steps", "2", "--out",
                  str(tmp_path / "s.npz")]) == 0  # fmt: skip
     code = main(["eval", "--samples", str(tmp_path / "s.npz"), "--data", "shapes", "--out", str(tmp_path / "ev2"),
-                 "--cache-dir", str(tmp_path / "cache")])  # fmt: skip
+                 "--cache-dir", str(eval_cache)])  # fmt: skip
     assert code == 0
     again = json.loads((tmp_path / "ev2" / "metrics.json").read_text())
     assert again["fid_shapes_cnn"] == pytest.approx(metrics["fid_shapes_cnn"], rel=1e-6)

@@ -1,8 +1,9 @@
 """The ``tinydit`` command: argument parsing only; the work is done by library functions.
 
     tinydit train   --data shapes|fashion-mnist|cifar10|PATH --preset NAME --steps N --minutes M --out RUN_DIR
-    tinydit sample  --checkpoint FILE --n N --steps S --cfg G --seed K --out FILE.png|FILE.npz|DIR
+    tinydit sample  --checkpoint FILE --n N --sampler NAME --steps S --cfg G --seed K --out FILE.png|FILE.npz|DIR
     tinydit eval    --checkpoint FILE | --samples FILE.npz|DIR  --data fashion-mnist|shapes --n N --out DIR
+    tinydit sweep   --checkpoint FILE --samplers euler,heun --steps 4,8,16 --cfg 1,2 --n N --out DIR
     tinydit presets
 
 User mistakes print one line naming the problem and the fix, and exit with status 2.
@@ -67,6 +68,29 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_train)
 
 
+def _add_sampler_args(p: argparse.ArgumentParser, steps: bool = True) -> None:
+    """The sampler settings shared by `sample`, `eval` and `sweep` (checked by the library, not argparse,
+    so a bad value is one clear line)."""
+    if steps:
+        p.add_argument("--sampler", default="euler", help="euler | heun | midpoint | dopri5 (adaptive); see the README")
+        p.add_argument("--steps", type=int, default=32,
+                       help="steps of a fixed-step sampler (heun and midpoint evaluate twice per step); "
+                            "dopri5: sets only its first trial step")
+    p.add_argument("--grid", default="uniform", help="time grid: uniform | shifted (SD3's, see --shift)")
+    p.add_argument("--shift", type=float, default=None,
+                   help="shift of the shifted grid, > 1 favours the noise end; None: 3, as in SD3")
+    p.add_argument("--cfg-interval", type=float, nargs=2, metavar=("LO", "HI"), default=None,
+                   help="apply guidance only for LO <= t <= HI (t = 1 is noise); conditional only elsewhere")
+    if steps:
+        p.add_argument("--rtol", type=float, default=None, help="dopri5's relative tolerance; None: 1e-3")
+        p.add_argument("--atol", type=float, default=None, help="dopri5's absolute tolerance; None: 1e-3")
+
+
+def _sampler_options(args: argparse.Namespace) -> dict:
+    return {"grid": args.grid, "shift": args.shift, "cfg_interval": args.cfg_interval,
+            "rtol": getattr(args, "rtol", None), "atol": getattr(args, "atol", None)}  # fmt: skip
+
+
 def _add_sample(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sample", help="generate images from a checkpoint",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -74,8 +98,8 @@ def _add_sample(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--class", dest="classes", action="append", default=None,
                    help="class name or id (repeat, or comma-separate); default: cycle through all classes")
     p.add_argument("--n", type=int, default=64, help="number of images")
-    p.add_argument("--steps", type=int, default=32, help="Euler steps")
     p.add_argument("--cfg", type=float, default=2.0, help="classifier-free guidance scale (1 = off)")
+    _add_sampler_args(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="samples.png", help="FILE.png (a grid), FILE.npz or a directory of PNGs")
     p.add_argument("--nrow", type=int, default=None, help="images per grid row (default: the number of classes)")
@@ -97,8 +121,8 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--split", default="test", choices=["test", "train"], help="reference split")
     p.add_argument("--data-root", default="data")
     p.add_argument("--n", type=int, default=10000, help="samples to generate (with --checkpoint)")
-    p.add_argument("--steps", type=int, default=32, help="Euler steps (with --checkpoint)")
     p.add_argument("--cfg", type=float, default=2.0, help="guidance scale (with --checkpoint)")
+    _add_sampler_args(p)  # with --checkpoint
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto")
     p.add_argument("--out", required=True, help="directory for metrics.json, report.md and a sample grid")
@@ -106,6 +130,52 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--inception-weights", default=None, help="local FID Inception weights (implies --inception)")
     p.add_argument("--cache-dir", default=str(DEFAULT_CACHE), help="where reference features are cached")
     p.set_defaults(func=cmd_eval)
+
+
+def _add_sweep(sub: argparse._SubParsersAction) -> None:
+    from tinydit.evaluate import DEFAULT_CACHE
+
+    p = sub.add_parser("sweep", help="quality against model evaluations across samplers, steps and guidance",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--checkpoint", required=True, help="checkpoint.pt of a fashion-mnist or shapes run")
+    p.add_argument("--samplers", default="euler,heun", help="comma-separated: euler, heun, midpoint, dopri5")
+    p.add_argument("--steps", default="4,8,16,32", help="comma-separated step counts (fixed-step samplers)")
+    p.add_argument("--tols", default="1e-2,1e-3", help="comma-separated tolerances, rtol = atol (dopri5)")
+    p.add_argument("--cfg", default="1,2", help="comma-separated guidance scales (1 = off)")
+    _add_sampler_args(p, steps=False)
+    p.add_argument("--n", type=int, default=1000, help="samples per setting (the same noise for every setting)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--split", default="test", choices=["test", "train"], help="reference split")
+    p.add_argument("--data-root", default="data")
+    p.add_argument("--cache-dir", default=str(DEFAULT_CACHE), help="where reference features are cached")
+    p.add_argument("--batch-size", type=int, default=256, help="images per forward pass")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--no-ema", action="store_true", help="use the raw weights instead of the EMA")
+    p.add_argument("--out", required=True, help="directory for sweep.csv, sweep.md, sweep.json and sweep.png")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_sweep)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    import shlex
+    from pathlib import Path
+
+    from tinydit.sweep import parse_list, run_sweep
+    from tinydit.train import resolve_device
+
+    rows = run_sweep(
+        args.checkpoint, args.out, samplers=parse_list(args.samplers, str, "--samplers"),
+        steps=parse_list(args.steps, int, "--steps"), cfgs=parse_list(args.cfg, float, "--cfg"),
+        tols=parse_list(args.tols, float, "--tols"), n=args.n, seed=args.seed, device=resolve_device(args.device),
+        grid=args.grid, shift=args.shift, cfg_interval=args.cfg_interval, split=args.split, root=args.data_root,
+        cache_dir=args.cache_dir, batch_size=args.batch_size, ema=not args.no_ema, progress=not args.no_progress,
+        command="tinydit " + " ".join(shlex.quote(a) for a in args.argv),
+    )  # fmt: skip
+    out = Path(args.out)
+    print((out / "sweep.md").read_text(), end="")
+    print(f"wrote {len(rows)} rows to {out / 'sweep.csv'}, {out / 'sweep.json'} and {out / 'sweep.png'}",
+          file=sys.stderr)  # fmt: skip
+    return 0
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -123,7 +193,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     extra: dict = {"nfe_per_image": None, "generation_seconds": None}
     if args.checkpoint:
         images, labels, data, classes, extra = generate_for_eval(
-            args.checkpoint, args.n, args.steps, args.cfg, args.seed, resolve_device(args.device), args.data
+            args.checkpoint, args.n, args.steps, args.cfg, args.seed, resolve_device(args.device), args.data,
+            sampler=args.sampler, **_sampler_options(args),
         )
     else:
         if not args.data:
@@ -168,17 +239,18 @@ def cmd_sample(args: argparse.Namespace) -> int:
     from tinydit.sampling import check_sampler_args, generate, resolve_labels
     from tinydit.train import resolve_device
 
-    check_sampler_args(args.steps, args.cfg)
+    options = _sampler_options(args)
+    check_sampler_args(args.steps, args.cfg, args.sampler, **options)
     out = check_output(args.out)
     device = resolve_device(args.device)
     model, state = load_model(args.checkpoint, ema=not args.no_ema, map_location=device)
     classes = state["data"]["classes"]
     y = resolve_labels(args.classes, classes, args.n)
     started = time.perf_counter()
-    res = generate(model, y, steps=args.steps, cfg_scale=args.cfg, seed=args.seed)
+    res = generate(model, y, steps=args.steps, cfg_scale=args.cfg, seed=args.seed, sampler=args.sampler, **options)
     nrow = args.nrow or (len(classes) if not args.classes else min(8, args.n))
     write_samples(res.x, y, out, classes, nrow=nrow)
-    print(f"wrote {args.n} samples to {out} ({res.nfe} model evaluations per image, "
+    print(f"wrote {args.n} samples to {out} ({args.sampler}, {res.nfe:g} model evaluations per image, "
           f"{time.perf_counter() - started:.1f} s)", file=sys.stderr)
     return 0
 
@@ -209,6 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(sub)
     _add_sample(sub)
     _add_eval(sub)
+    _add_sweep(sub)
     p = sub.add_parser("presets", help="list the model size presets")
     p.set_defaults(func=cmd_presets)
     return parser

@@ -248,13 +248,26 @@ def evaluate(
 
 
 def generate_for_eval(
-    checkpoint: str | Path, n: int, steps: int, cfg_scale: float, seed: int, device: torch.device, data: str | None
+    checkpoint: str | Path,
+    n: int,
+    steps: int,
+    cfg_scale: float,
+    seed: int,
+    device: torch.device,
+    data: str | None,
+    *,
+    sampler: str = "euler",
+    **options,
 ) -> tuple[torch.Tensor, torch.Tensor, str, list[str], dict]:
-    """n class-balanced samples from a checkpoint: images, labels, data set, classes, sampler info."""
-    from tinydit.checkpoint import load_model
-    from tinydit.sampling import check_sampler_args, class_cycle, generate
+    """n class-balanced samples from a checkpoint: images, labels, data set, classes, sampler info.
 
-    check_sampler_args(steps, cfg_scale)
+    ``sampler`` and ``options`` (grid, shift, cfg_interval; rtol, atol) go to ``tinydit.sampling.generate``;
+    the info records them in full, defaults included.
+    """
+    from tinydit.checkpoint import load_model
+    from tinydit.sampling import class_cycle, generate, sampler_settings
+
+    settings = sampler_settings(sampler, steps, cfg_scale, **options)  # checks them before any work
     if n < 1:
         raise TinyDiTError(f"--n must be >= 1, got {n}")
     model, state = load_model(checkpoint, map_location=device)
@@ -265,9 +278,9 @@ def generate_for_eval(
     classes = state["data"]["classes"]
     labels = class_cycle(n, len(classes))
     started = time.perf_counter()
-    res = generate(model, labels, steps=steps, cfg_scale=cfg_scale, seed=seed)
+    res = generate(model, labels, steps=steps, cfg_scale=cfg_scale, seed=seed, sampler=sampler, **options)
     info = {"nfe_per_image": res.nfe, "generation_seconds": time.perf_counter() - started,
-            "sampler": {"name": "euler", "steps": steps, "cfg": cfg_scale, "seed": seed}}  # fmt: skip
+            "sampler": {**settings, "seed": seed}}  # fmt: skip
     return res.x, labels, trained_on, classes, info
 
 

@@ -41,6 +41,9 @@ def write_report(
             for k, v in metrics.items() if not isinstance(v, dict)]  # fmt: skip
     lines = [f"# TinyDiT evaluation: {metrics['data']} ({metrics['split']} split)", "", "```", command, "```", "",
              "| metric | value |", "|---|---|", *rows, ""]  # fmt: skip
+    if isinstance(metrics.get("sampler"), dict):
+        settings = ", ".join(f"{k} {v}" for k, v in metrics["sampler"].items() if v is not None)
+        lines += [f"- sampler: {settings}"]
     for name, net in metrics.get("feature_nets", {}).items():
         what = "standard FID Inception" if name == "inception" else "offline feature network, not Inception"
         acc = f", test accuracy {net['test_accuracy']}" if net.get("test_accuracy") is not None else ""

@@ -1,0 +1,182 @@
+"""The samplers on analytic velocity fields with known solutions: exactness, convergence order, exact
+model-evaluation counts, guidance and its interval, time grids and argument errors."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from tinydit.errors import TinyDiTError
+from tinydit.grids import GRIDS, shifted_grid, time_grid, uniform_grid
+from tinydit.sampling import SAMPLERS, check_sampler_args, dopri5_sample, euler_sample, generate, heun_sample, sample
+
+ORDER = {"euler": 1, "heun": 2, "midpoint": 2}  # the fixed-step samplers and their convergence order
+NFE = {"euler": lambda s: s, "heun": lambda s: 2 * s - 1, "midpoint": lambda s: 2 * s}  # Heun: last step Euler
+
+
+class Field(nn.Module):
+    """A stand-in 'model' with a known velocity v = fn(x, t, y); records the batch size of each call."""
+
+    def __init__(self, fn, n_classes=2, in_channels=1, img_size=2):
+        super().__init__()
+        self.fn = fn
+        self.config = SimpleNamespace(n_classes=n_classes, in_channels=in_channels, img_size=img_size)
+        self.anchor = nn.Parameter(torch.zeros(()))  # gives generate() a device to read
+        self.batches: list[int] = []
+
+    def forward(self, x, t, y):
+        assert x.shape[0] == t.shape[0] == y.shape[0] and bool((t == t[0]).all())  # one time per batch
+        self.batches.append(x.shape[0])
+        return self.fn(x, t, y)
+
+
+def exp_field(a=1.0):
+    """dx/dt = a x: from x(1) = x1 the exact solution is x(0) = x1 exp(-a)."""
+    return Field(lambda x, t, y: a * x)
+
+
+def cos_field():
+    """dx/dt = cos(t) x, time-dependent: x(0) = x1 exp(sin 0 - sin 1) = x1 exp(-sin 1)."""
+    return Field(lambda x, t, y: torch.cos(t).view(-1, 1, 1, 1) * x)
+
+
+def x1_and_y(n=3, dtype=torch.float64):
+    x1 = torch.linspace(0.5, 2.0, n * 4, dtype=dtype).view(n, 1, 2, 2)
+    return x1, torch.zeros(n, dtype=torch.long)
+
+
+def error(res, x1, exact_factor):
+    return (res.x - x1 * exact_factor).abs().max().item()
+
+
+@pytest.mark.parametrize("name", list(ORDER))
+@pytest.mark.parametrize("field, factor", [(exp_field, math.exp(-1)), (cos_field, math.exp(-math.sin(1)))])
+def test_fixed_step_samplers_converge_at_their_order(name, field, factor):
+    x1, y = x1_and_y()
+    errors = []
+    for steps in (16, 32, 64, 128):
+        f = field()
+        res = SAMPLERS[name](f, x1, y, steps)
+        assert res.nfe == NFE[name](steps) and len(f.batches) == res.nfe
+        errors.append(error(res, x1, factor))
+    ratios = [a / b for a, b in zip(errors, errors[1:], strict=False)]
+    expected = 2 ** ORDER[name]  # doubling the steps halves (order 1) or quarters (order 2) the error
+    assert all(0.85 * expected < r < 1.15 * expected for r in ratios), (name, errors, ratios)
+
+
+@pytest.mark.parametrize("name", list(SAMPLERS))
+def test_straight_paths_are_exact_for_every_sampler(name):
+    # A constant velocity is integrated exactly by all of them: x(0) = x1 - v.
+    x1, y = x1_and_y()
+    v = torch.tensor(0.3, dtype=torch.float64)
+    res = SAMPLERS[name](Field(lambda x, t, y: v.expand_as(x)), x1, y, 3)
+    assert torch.allclose(res.x, x1 - v, atol=1e-12)
+
+
+def test_dopri5_meets_its_tolerance_with_fewer_evaluations_than_fixed_steps():
+    x1, y = x1_and_y()
+    factor = math.exp(-math.sin(1))
+    res = dopri5_sample(cos_field(), x1, y, rtol=1e-6, atol=1e-6)
+    err = error(res, x1, factor)
+    assert err < 1e-5 and (res.nfe - 1) % 6 == 0  # FSAL: one first evaluation, then 6 per attempted step
+    tighter = dopri5_sample(cos_field(), x1, y, rtol=1e-9, atol=1e-9)
+    assert error(tighter, x1, factor) < 1e-8 and tighter.nfe > res.nfe
+    heun = heun_sample(cos_field(), x1, y, res.nfe // 2)  # Heun with the same budget is far less accurate
+    assert error(heun, x1, factor) > 10 * err
+    steps = 16
+    while error(heun_sample(cos_field(), x1, y, steps), x1, factor) > err:
+        steps *= 2
+    assert 2 * steps > 3 * res.nfe  # Heun needs several times the evaluations to match dopri5
+
+
+def test_dopri5_rejects_steps_that_are_too_long_and_counts_them():
+    # A fast-decaying field and a first trial step over the whole interval (steps=1): accepted, it
+    # would take 7 evaluations; it is rejected and the solver goes on in shorter steps.
+    x1, y = x1_and_y()
+    f = exp_field(20.0)
+    res = dopri5_sample(f, x1, y, steps=1, rtol=1e-6, atol=1e-6)
+    assert error(res, x1, math.exp(-20.0)) < 2e-6
+    assert res.nfe > 7 and res.nfe == len(f.batches) and (res.nfe - 1) % 6 == 0
+
+
+def test_guided_velocity_is_one_batched_forward():
+    # v_cond = 1, v_uncond = -1 (the null class is 2): v = -1 + s (1 - (-1)) = 2 s - 1.
+    f = Field(lambda x, t, y: torch.where(y == 2, -1.0, 1.0).view(-1, 1, 1, 1).expand_as(x).to(x.dtype))
+    x1, y = x1_and_y(n=3)
+    res = euler_sample(f, x1, y, steps=4, cfg_scale=3.0)
+    assert torch.allclose(res.x, x1 - 5.0)  # x(0) = x1 - (2 s - 1) over a unit of time
+    assert res.nfe == 8 and f.batches == [6] * 4  # two evaluations per image per step, one call of 2N
+
+
+@pytest.mark.parametrize("name", list(SAMPLERS))
+def test_guidance_interval_counts_one_evaluation_outside_it(name):
+    # v_cond = 1, v_uncond = -1, s = 2: the velocity is 3 inside [0.25, 0.75] and 1 outside, so
+    # x(0) = x1 - (0.5 * 3 + 0.5 * 1) = x1 - 2 for an exact integrator of this piecewise constant field.
+    f = Field(lambda x, t, y: torch.where(y == 2, -1.0, 1.0).view(-1, 1, 1, 1).expand_as(x).to(x.dtype))
+    x1, y = x1_and_y(n=2)
+    res = SAMPLERS[name](f, x1, y, 8, 2.0, cfg_interval=(0.25, 0.75))
+    guided = sum(b == 4 for b in f.batches)
+    assert res.nfe == len(f.batches) + guided  # 2 per guided evaluation, 1 per conditional-only one
+    if name == "euler":  # grid 1, 7/8, ..., 1/8: guided at 3/4, 5/8, 1/2, 3/8, 1/4
+        assert guided == 5 and res.nfe == 13
+        assert torch.allclose(res.x, x1 - (5 * 3 + 3 * 1) / 8)
+    if name == "dopri5":  # it stops at the switches, so it integrates the jump exactly
+        assert torch.allclose(res.x, x1 - 2.0, atol=1e-9)
+    whole = SAMPLERS[name](f, x1, y, 8, 2.0, cfg_interval=(0.0, 1.0))
+    off = SAMPLERS[name](f, x1, y, 8, 1.0, cfg_interval=(0.25, 0.75))
+    assert torch.allclose(whole.x, x1 - 3.0) and torch.allclose(off.x, x1 - 1.0)
+    assert off.nfe * 2 == whole.nfe or name == "dopri5"
+
+
+def test_grids_run_from_noise_to_data():
+    assert time_grid(4).tolist() == [1.0, 0.75, 0.5, 0.25, 0.0]
+    assert set(GRIDS) == {"uniform", "shifted"}
+    s = shifted_grid(8, 3.0)
+    assert s[0] == 1 and s[-1] == 0 and bool((s[1:] < s[:-1]).all())
+    steps = s[:-1] - s[1:]
+    assert steps[0] < steps[-1]  # shift > 1: short steps near the noise, long near the data
+    assert math.isclose(s[4].item(), 0.75)  # t = 1/2 maps to s / (s + 1)
+    assert torch.allclose(shifted_grid(8, 1.0), uniform_grid(8))
+    assert torch.equal(time_grid(8, "shifted"), shifted_grid(8, 3.0))
+
+
+def test_shifted_grid_changes_the_samples_but_not_the_count():
+    x1, y = x1_and_y()
+    a = euler_sample(cos_field(), x1, y, 8)
+    b = euler_sample(cos_field(), x1, y, 8, grid="shifted", shift=3.0)
+    assert a.nfe == b.nfe == 8 and not torch.allclose(a.x, b.x)
+
+
+def test_generate_batches_and_reports_nfe():
+    f = Field(lambda x, t, y: -x, n_classes=4)
+    y = torch.arange(5) % 4
+    a = generate(f, y, steps=3, cfg_scale=2.0, seed=1, batch_size=2, sampler="heun")
+    b = generate(f, y, steps=3, cfg_scale=2.0, seed=1, sampler="heun")
+    assert torch.allclose(a.x, b.x) and a.nfe == b.nfe == 10 and a.x.shape == (5, 1, 2, 2)  # 2 x (2 x 3 - 1)
+    c = generate(f, y, steps=3, seed=1, sampler="dopri5", rtol=1e-5, atol=1e-5)
+    noise = torch.randn(5, 1, 2, 2, generator=torch.Generator().manual_seed(1))
+    assert torch.allclose(c.x, noise * math.e, atol=1e-4)  # dx/dt = -x from t = 1 to 0: x(0) = e x(1)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(steps=0), "--steps must be >= 1"),
+    (dict(cfg_scale=-1.0), "--cfg .*must be >= 0"),
+    (dict(cfg_scale=float("nan")), "--cfg .*must be >= 0"),
+    (dict(sampler="rk4"), "unknown sampler 'rk4': use one of euler, heun, midpoint, dopri5"),
+    (dict(grid="karras"), "unknown time grid 'karras': use one of uniform, shifted"),
+    (dict(shift=3.0), "--shift applies to the shifted grid only"),
+    (dict(grid="shifted", shift=0.0), "--shift must be a positive number"),
+    (dict(cfg_interval=(0.8, 0.2)), "--cfg-interval LO HI needs 0 <= LO <= HI <= 1"),
+    (dict(cfg_interval=(-0.1, 0.5)), "--cfg-interval"),
+    (dict(rtol=1e-3), "--rtol applies to the adaptive sampler only"),
+    (dict(sampler="dopri5", atol=0.0), "--atol must be a positive number"),
+])  # fmt: skip
+def test_bad_sampler_arguments_are_clear_errors(kwargs, match):
+    args = {"steps": 4, "cfg_scale": 1.0, **kwargs}
+    with pytest.raises(TinyDiTError, match=match):
+        check_sampler_args(**args)
+    name = args.pop("sampler", "euler")
+    with pytest.raises(TinyDiTError, match=match):
+        sample(name, exp_field(), *x1_and_y(), **args)
