@@ -67,6 +67,16 @@ def test_sampler_options_reach_the_sampler_and_count_evaluations(tmp_path, capsy
     assert all(x.shape == (4, 3, 32, 32) for x in images) and not np.array_equal(images[0], images[1])
 
 
+def test_sample_in_bf16_stays_close_to_fp32(tmp_path, capsys, tiny_run):
+    base = ["sample", "--checkpoint", tiny_run[0] / "checkpoint.pt", "--n", 4, "--steps", 2, "--device", "cpu"]
+    for precision in ("fp32", "bf16"):
+        code, err = run([*base, "--precision", precision, "--out", tmp_path / f"{precision}.npz"], capsys)
+        assert code == 0, err
+    a, b = (np.load(tmp_path / f"{p}.npz")["images"].astype(int) for p in ("fp32", "bf16"))
+    assert np.abs(a - b).mean() < 3  # uint8 levels: bf16 rounding, not a different image
+    assert not np.array_equal(a, b)  # and bf16 really ran
+
+
 def test_rerunning_the_same_command_continues(tmp_path, capsys):
     args = ["train", "--data", "shapes", "--out", tmp_path, *FAST_TRAIN]
     assert run([*args, "--steps", 2], capsys)[0] == 0
@@ -108,6 +118,9 @@ def _not_a_checkpoint(tmp_path):
     (lambda p: ["sample", "--checkpoint", "CKPT", "--cfg-interval", 0.9, 0.1], "needs 0 <= LO <= HI <= 1"),
     (lambda p: ["sample", "--checkpoint", "CKPT", "--rtol", 1e-3], "--rtol applies to the adaptive sampler"),
     (lambda p: ["eval", "--checkpoint", "CKPT", "--sampler", "rk4", "--out", p / "e"], "unknown sampler 'rk4'"),
+    (lambda p: ["sample", "--checkpoint", "CKPT", "--precision", "fp16", "--device", "cpu", "--out", p / "x.png"],
+     "--precision fp16 needs a CUDA device"),
+    (lambda p: ["train", "--precision", "fp16", "--device", "cpu", "--out", p / "r"], "fp16 needs a CUDA device"),
 ])  # fmt: skip
 def test_bad_input_is_one_clear_line_and_exit_2(tmp_path, capsys, tiny_run, make_args, message):
     ckpt = tiny_run[0] / "checkpoint.pt"

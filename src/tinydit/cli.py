@@ -105,6 +105,10 @@ def _add_sample(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--nrow", type=int, default=None, help="images per grid row (default: the number of classes)")
     p.add_argument("--device", default="auto")
     p.add_argument("--no-ema", action="store_true", help="use the raw weights instead of the EMA")
+    p.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
+                   help="auto: bf16 on CUDA and on CPUs with native bf16, else fp32")
+    p.add_argument("--compile", default="auto", choices=["auto", "on", "off"],
+                   help="torch.compile the model for sampling; auto: on for CUDA only")
     p.set_defaults(func=cmd_sample)
 
 
@@ -236,6 +240,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
     from tinydit.checkpoint import load_model
     from tinydit.export import check_output, write_samples
+    from tinydit.runtime import autocast, maybe_compile, resolve_compile, resolve_precision
     from tinydit.sampling import check_sampler_args, generate, resolve_labels
     from tinydit.train import resolve_device
 
@@ -243,13 +248,17 @@ def cmd_sample(args: argparse.Namespace) -> int:
     check_sampler_args(args.steps, args.cfg, args.sampler, **options)
     out = check_output(args.out)
     device = resolve_device(args.device)
+    precision = resolve_precision(args.precision, device)
     model, state = load_model(args.checkpoint, ema=not args.no_ema, map_location=device)
+    forward = maybe_compile(model, resolve_compile(args.compile, device))
     classes = state["data"]["classes"]
     y = resolve_labels(args.classes, classes, args.n)
     started = time.perf_counter()
-    res = generate(model, y, steps=args.steps, cfg_scale=args.cfg, seed=args.seed, sampler=args.sampler, **options)
+    with autocast(device, precision):
+        res = generate(forward, y, steps=args.steps, cfg_scale=args.cfg, seed=args.seed, sampler=args.sampler,
+                       **options)  # fmt: skip
     nrow = args.nrow or (len(classes) if not args.classes else min(8, args.n))
-    write_samples(res.x, y, out, classes, nrow=nrow)
+    write_samples(res.x.float(), y, out, classes, nrow=nrow)
     print(f"wrote {args.n} samples to {out} ({args.sampler}, {res.nfe:g} model evaluations per image, "
           f"{time.perf_counter() - started:.1f} s)", file=sys.stderr)
     return 0
