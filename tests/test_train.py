@@ -150,3 +150,23 @@ def test_non_finite_weights_never_replace_a_good_checkpoint(tmp_path):
     with pytest.raises(TinyDiTError, match="NaN or infinite.*last good checkpoint is kept"):
         trainer.save()
     assert (tmp_path / "checkpoint.pt").read_bytes() == good
+
+
+def test_losses_are_logged_per_bin_of_t(tmp_path):
+    trainer = Trainer(fast_config(tmp_path, steps=4, log_every=4, val_every=4, val_size=40), progress=False)
+    trainer.fit()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train = next(r for r in records if "loss_by_t" in r)
+    val = next(r for r in records if "val_loss_ema_by_t" in r)
+    assert len(train["loss_by_t"]) == len(val["val_loss_ema_by_t"]) == 10
+    # 64 uniform times fill most bins; every bin's mean is a loss, and they average back to the total.
+    seen = [v for v in train["loss_by_t"] if v is not None]
+    assert len(seen) >= 8 and all(v > 0 for v in seen)
+    assert abs(sum(val["val_loss_ema_by_t"]) / 10 - val["val_loss_ema"]) < 1e-4  # 40 images: 4 per bin
+
+    class WrongNearNoise(torch.nn.Module):  # predicts 0 for t < 0.5 and a far-off 10 from there on
+        def forward(self, x, t, y):
+            return 10.0 * (t >= 0.5).float().view(-1, 1, 1, 1).expand_as(x)
+
+    total, by_t = trainer.validation_losses(WrongNearNoise())
+    assert max(by_t[:5]) < 3 and min(by_t[5:]) > 50  # the error shows up in exactly the bins of t >= 0.5

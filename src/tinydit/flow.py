@@ -18,7 +18,9 @@ from torch import nn
 
 from tinydit.errors import TinyDiTError
 
-__all__ = ["interpolate", "velocity_target", "sample_t", "flow_loss", "T_SAMPLINGS"]
+__all__ = ["interpolate", "velocity_target", "sample_t", "flow_loss", "t_bins", "T_SAMPLINGS", "N_T_BINS"]
+
+N_T_BINS = 10  # losses are also reported in this many equal bins of t: where along the path the model errs
 
 
 def interpolate(x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -78,3 +80,8 @@ def flow_loss(
     err = (model(x_t, t, y) - velocity_target(x0, noise)).pow(2)  # (N, C, H, W)
     per_sample = err.flatten(1).mean(1)  # (N,)
     return per_sample.mean() if reduce else per_sample
+
+
+def t_bins(t: torch.Tensor, n_bins: int = N_T_BINS) -> torch.Tensor:
+    """Index (N,) of the equal-width bin of [0, 1] each time falls in, for losses reported per bin of t."""
+    return (t * n_bins).long().clamp_(0, n_bins - 1)

@@ -27,7 +27,7 @@ from tinydit.checkpoint import load_checkpoint, save_checkpoint, unwrap
 from tinydit.config import TRAJECTORY_FIELDS, TrainConfig
 from tinydit.data import canonical_name, load_dataset
 from tinydit.errors import TinyDiTError
-from tinydit.flow import flow_loss, sample_t
+from tinydit.flow import N_T_BINS, flow_loss, sample_t, t_bins
 from tinydit.images import save_grid
 from tinydit.model import DiT, DiTConfig, count_params, get_preset
 from tinydit.runtime import autocast, make_grad_scaler, maybe_compile, resolve_compile, resolve_precision
@@ -154,6 +154,8 @@ class Trainer:
             self.model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=cfg.weight_decay
         )
         self.scaler = make_grad_scaler(self.device, self.precision)
+        self.bin_loss = torch.zeros(N_T_BINS, device=self.device)  # training loss summed per bin of t
+        self.bin_count = torch.zeros(N_T_BINS, device=self.device)
         # The compiled wrappers share the weights of model and ema; checkpoints come from the originals.
         self.forward = maybe_compile(self.model, self.compiled)
         self.ema_forward = maybe_compile(self.ema, self.compiled)
@@ -287,7 +289,11 @@ class Trainer:
         for group in self.opt.param_groups:
             group["lr"] = self.lr_at(self.step)
         with autocast(dev, self.precision):
-            loss = flow_loss(self.forward, x, y, t, noise)
+            per_sample = flow_loss(self.forward, x, y, t, noise, reduce=False)  # (B,)
+        loss = per_sample.mean()
+        bins = t_bins(t)  # summed on the device, read at logging time: no sync per step
+        self.bin_loss.index_add_(0, bins, per_sample.detach().float())
+        self.bin_count.index_add_(0, bins, torch.ones_like(t))
         self.opt.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
         if cfg.grad_clip > 0:
@@ -304,6 +310,12 @@ class Trainer:
     @torch.no_grad()
     def validation_loss(self, model: nn.Module) -> float:
         """Loss on the fixed held-out images with fixed noise and evenly spread t: comparable across runs."""
+        return self.validation_losses(model)[0]
+
+    @torch.no_grad()
+    def validation_losses(self, model: nn.Module) -> tuple[float, list[float]]:
+        """The validation loss, and the same loss in N_T_BINS equal bins of t (each bin holds the same
+        number of images, because the validation times are evenly spread)."""
         val = self.val_set
         n = len(val)
         g = torch.Generator().manual_seed(VAL_SEED)
@@ -311,14 +323,16 @@ class Trainer:
         t = (torch.arange(n) + 0.5) / n  # (n,) one fixed time per image, covering [0, 1]
         was_training = model.training
         model.eval()
-        total = 0.0
+        losses = []
         for i in range(0, n, 256):
             idx = torch.arange(i, min(i + 256, n))
             x, y = val.batch(idx, device=self.device)
-            loss = flow_loss(model, x, y, t[idx].to(self.device), noise[idx].to(self.device), reduce=False)
-            total += loss.sum().item()
+            losses.append(flow_loss(model, x, y, t[idx].to(self.device), noise[idx].to(self.device), reduce=False))
         model.train(was_training)
-        return total / n
+        per_image = torch.cat(losses).cpu()  # (n,)
+        per_bin = torch.zeros(N_T_BINS).index_add_(0, t_bins(t), per_image)
+        counts = torch.bincount(t_bins(t), minlength=N_T_BINS).clamp(min=1)
+        return per_image.mean().item(), (per_bin / counts).tolist()
 
     @torch.no_grad()
     def sample_grid(self, per_class: int = 8) -> Path:
@@ -335,6 +349,13 @@ class Trainer:
         save_grid(x.cpu(), path, nrow=cfg.n_classes)
         save_grid(x.cpu(), self.out / "samples.png", nrow=cfg.n_classes)
         return path
+
+    def _validate(self) -> tuple[float, float, list[float]]:
+        val = self.validation_loss(self.model)
+        val_ema, by_t = self.validation_losses(self.ema)
+        self._log({"step": self.step, "val_loss": val, "val_loss_ema": val_ema,
+                   "val_loss_ema_by_t": [round(v, 5) for v in by_t]})  # fmt: skip
+        return val, val_ema, by_t
 
     # ---------------------------------------------------------------------------------- the loop
 
@@ -368,6 +389,7 @@ class Trainer:
         loss_sum, loss_n = torch.zeros((), device=self.device), 0  # summed on the device: no sync per step
         window_start, window_step = time.perf_counter(), self.step
         val = val_ema = None
+        by_t: list[float] = []
         samples = None
         with GracefulInterrupt() as interrupt:
             while not self._done(started) and not interrupt.requested:
@@ -384,8 +406,12 @@ class Trainer:
                             f"the training loss became {loss} by step {s}; the last good checkpoint is kept. "
                             "Lower --lr (or raise --warmup) and start again with --overwrite"
                         )
+                    train_by_t = (self.bin_loss / self.bin_count).tolist()  # NaN where no time fell in a bin
                     self._log({"step": s, "loss": loss, "lr": self.lr_at(s - 1), "img_per_s": img_s,
-                               "train_seconds": self._seconds(started)})
+                               "train_seconds": self._seconds(started),
+                               "loss_by_t": [round(v, 5) if math.isfinite(v) else None for v in train_by_t]})
+                    self.bin_loss.zero_()
+                    self.bin_count.zero_()
                     postfix = {"loss": f"{loss:.4f}", "img/s": f"{img_s:.0f}"}
                     if cfg.minutes is not None:
                         left = max(0.0, cfg.minutes * 60 - self._seconds(started))
@@ -394,8 +420,7 @@ class Trainer:
                     loss_sum.zero_()
                     loss_n, window_start, window_step = 0, now, s
                 if s % cfg.val_every == 0:
-                    val, val_ema = self.validation_loss(self.model), self.validation_loss(self.ema)
-                    self._log({"step": s, "val_loss": val, "val_loss_ema": val_ema})
+                    val, val_ema, by_t = self._validate()
                 if s % cfg.sample_every == 0:
                     samples = self.sample_grid()
                 if s % cfg.ckpt_every == 0:
@@ -412,11 +437,12 @@ class Trainer:
         bar.close()
         self.train_seconds = self._seconds(started)
         if self.step % cfg.val_every:
-            val, val_ema = self.validation_loss(self.model), self.validation_loss(self.ema)
-            self._log({"step": self.step, "val_loss": val, "val_loss_ema": val_ema})
+            val, val_ema, by_t = self._validate()
         if self.step % cfg.sample_every:
             samples = self.sample_grid()
         self.save()
         print(f"step {self.step}: val loss {val:.4f} (EMA {val_ema:.4f}) after "
               f"{self.train_seconds / 60:.1f} min; checkpoint {self.ckpt_path}, samples {samples}", file=sys.stderr)
+        print(f"EMA val loss by t (0 = data ... 1 = noise, {N_T_BINS} bins): "
+              + " ".join(f"{v:.3f}" for v in by_t), file=sys.stderr)
         return TrainResult(self.step, self.train_seconds, val, val_ema, self.ckpt_path, samples)
