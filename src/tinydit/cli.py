@@ -43,6 +43,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--t-sampling", default=d.t_sampling, choices=["uniform", "logit-normal"],
                    help="distribution of training times")
     p.add_argument("--t-shift", type=float, default=d.t_shift, help="shift training times towards noise (SD3)")
+    p.add_argument("--few-step", default=d.few_step, choices=["none", "shortcut"],
+                   help="shortcut: also learn 1-, 2- and 4-step sampling (shortcut models; docs/few_step.md)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--device", default=d.device, help="auto | cpu | cuda | cuda:N | mps")
     p.add_argument("--precision", default=d.precision, choices=["auto", "fp32", "bf16", "fp16"],
@@ -225,7 +227,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         out=args.out, data=args.data, data_root=args.data_root, limit=args.limit, preset=args.preset,
         steps=args.steps, minutes=args.minutes, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
         ema_decay=args.ema_decay, class_dropout=args.class_dropout, t_sampling=args.t_sampling,
-        t_shift=args.t_shift, seed=args.seed, device=args.device, precision=args.precision, compile=args.compile,
+        t_shift=args.t_shift, few_step=args.few_step, seed=args.seed, device=args.device, precision=args.precision,
+        compile=args.compile,
         norm=args.norm, qk_norm=None if args.qk_norm is None else args.qk_norm == "on", mlp=args.mlp, pos=args.pos,
         log_every=args.log_every, val_every=args.val_every, sample_every=args.sample_every,
         ckpt_every=args.ckpt_every, sample_steps=args.sample_steps, sample_cfg=args.sample_cfg,

@@ -18,7 +18,7 @@ __all__ = ["TrainConfig", "TRAJECTORY_FIELDS"]
 # everything else (steps, minutes, logging intervals, device) may change between invocations.
 TRAJECTORY_FIELDS = (
     "data", "preset", "batch_size", "lr", "warmup", "weight_decay", "grad_clip", "ema_decay",
-    "class_dropout", "seed", "limit", "t_sampling", "t_shift", "norm", "qk_norm", "mlp", "pos",
+    "class_dropout", "seed", "limit", "t_sampling", "t_shift", "norm", "qk_norm", "mlp", "pos", "few_step",
 )  # fmt: skip
 
 
@@ -43,6 +43,7 @@ class TrainConfig:
     ema_decay: float = 0.999  # EMA of the weights used for sampling; warmed up as min(d, (1+s)/(10+s))
     class_dropout: float = 0.1  # probability of training on the null label, for classifier-free guidance
     t_sampling: str = "uniform"  # training times: uniform | logit-normal (SD3)
+    few_step: str = "none"  # none | shortcut: also train the model to take large steps (tinydit.shortcut)
     t_shift: float = 1.0  # > 1 moves training times towards noise: t' = s t / (1 + (s - 1) t)
     seed: int = 0  # the one seed behind data order, flips, times, noise and initial weights
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
@@ -80,6 +81,8 @@ class TrainConfig:
             raise TinyDiTError(f"class_dropout must be in [0, 1), got {self.class_dropout}")
         if self.t_sampling not in ("uniform", "logit-normal"):
             raise TinyDiTError(f"--t-sampling must be uniform or logit-normal, got {self.t_sampling!r}")
+        if self.few_step not in ("none", "shortcut"):
+            raise TinyDiTError(f"--few-step must be none or shortcut, got {self.few_step!r}")
         if self.t_shift <= 0:
             raise TinyDiTError(f"--t-shift must be > 0, got {self.t_shift}")
         if self.precision not in ("auto", *PRECISIONS):

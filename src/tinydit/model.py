@@ -52,6 +52,7 @@ class DiTConfig:
     qk_norm: bool = False  # RMS-normalise q and k per head before the dot product
     mlp: str = "gelu"  # gelu (exact erf form) | swiglu (hidden width 2/3 of GELU's, same params)
     pos: str = "sincos"  # sincos: fixed 2-D sin-cos added to the tokens | rope: 2-D axial RoPE on q and k
+    shortcut: bool = False  # also condition on the step size d, for few-step sampling (tinydit.shortcut)
 
     def __post_init__(self):
         for name in ("img_size", "in_channels", "patch_size", "dim", "depth", "n_heads", "n_classes"):
@@ -342,6 +343,9 @@ class DiT(nn.Module):
             self.register_buffer("rope_sin", sin, persistent=False)
         self.t_embed = TimestepEmbedder(cfg.dim)
         self.y_embed = nn.Embedding(cfg.n_classes + 1, cfg.dim)  # the last row is the null label
+        # Shortcut models (Frans et al. 2024) see the step size d the sampler will take; d = 0 asks for
+        # the instantaneous velocity, so with d = 0 the model is an ordinary flow model.
+        self.d_embed = TimestepEmbedder(cfg.dim) if cfg.shortcut else None
         self.blocks = nn.ModuleList(DiTBlock(cfg) for _ in range(cfg.depth))
         self.final = FinalLayer(cfg.dim, cfg.patch_size**2 * cfg.in_channels, cfg.norm)
         self.reset_parameters()
@@ -362,6 +366,9 @@ class DiT(nn.Module):
         nn.init.normal_(self.y_embed.weight, std=0.02)
         for layer in (self.t_embed.mlp[0], self.t_embed.mlp[2]):
             nn.init.normal_(layer.weight, std=0.02)
+        if self.d_embed is not None:  # starts at zero: the step size only matters once it is learned
+            nn.init.normal_(self.d_embed.mlp[0].weight, std=0.02)
+            nn.init.zeros_(self.d_embed.mlp[2].weight)
         for block in self.blocks:  # adaLN-Zero: each block starts as the identity
             nn.init.zeros_(block.adaLN[-1].weight)
             nn.init.zeros_(block.adaLN[-1].bias)
@@ -394,12 +401,19 @@ class DiT(nn.Module):
         x = x.permute(0, 5, 1, 3, 2, 4)  # (N, C, gh, ph, gw, pw)
         return x.reshape(n, c, g * p, g * p)  # (N, C, H, W)
 
-    def condition(self, t: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor:
+    def condition(self, t: torch.Tensor, y: torch.Tensor | None, d: torch.Tensor | None = None) -> torch.Tensor:
         if y is None:
             y = torch.full_like(t, self.null_class, dtype=torch.long)
-        return self.t_embed(t) + self.y_embed(y)  # (N, D)
+        c = self.t_embed(t) + self.y_embed(y)  # (N, D)
+        if self.d_embed is not None:
+            c = c + self.d_embed(torch.zeros_like(t) if d is None else d)
+        return c
 
-    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None, d: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """x (N, C, H, W), t (N,), y (N,) or None, d (N,) step sizes or None (shortcut models only)
+        -> v (N, C, H, W)"""
         cfg = self.config
         if x.shape[1:] != (cfg.in_channels, cfg.img_size, cfg.img_size):
             raise TinyDiTError(
@@ -412,7 +426,7 @@ class DiT(nn.Module):
             tokens = tokens + self.pos_embed
         else:
             rope = (self.rope_cos, self.rope_sin)
-        c = self.condition(t, y)  # (N, D)
+        c = self.condition(t, y, d)  # (N, D)
         for block in self.blocks:
             tokens = block(tokens, c, rope)
         return self.unpatchify(self.final(tokens, c))  # (N, C, H, W)

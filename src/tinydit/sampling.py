@@ -79,18 +79,27 @@ def check_sampler_args(
 
 
 def guided_velocity(
-    model: nn.Module, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, cfg_scale: float, null_class: int
+    model: nn.Module,
+    x: torch.Tensor,
+    t: torch.Tensor,
+    y: torch.Tensor,
+    cfg_scale: float,
+    null_class: int,
+    d: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, int]:
     """Classifier-free guidance (Ho & Salimans 2022): v = v_uncond + s (v_cond - v_uncond).
 
     x: (N, C, H, W), t and y: (N,). Returns (v, model evaluations per image). At s = 1 this is the
     conditional prediction alone, computed with one evaluation; otherwise the conditional and the
-    unconditional inputs go through the model as one batch of 2N.
+    unconditional inputs go through the model as one batch of 2N. ``d`` (N,): the step size, passed
+    only to shortcut models (``tinydit.shortcut``).
     """
+    extra = () if d is None else (d,)
     if cfg_scale == 1.0:
-        return model(x, t, y), 1
+        return model(x, t, y, *extra), 1
     null = torch.full_like(y, null_class)
-    v = model(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, null]))  # one batched pass (2N, C, H, W)
+    extra = () if d is None else (torch.cat([d, d]),)
+    v = model(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, null]), *extra)  # one pass (2N, C, H, W)
     v_cond, v_uncond = v.chunk(2)  # (N, C, H, W) each
     return v_uncond + cfg_scale * (v_cond - v_uncond), 2
 
@@ -110,12 +119,16 @@ class _Velocity:
     def guided_at(self, t: float) -> bool:
         return self.cfg_scale != 1.0 and self.lo <= t <= self.hi
 
-    def __call__(self, x: torch.Tensor, t: float, guided: bool | None = None) -> torch.Tensor:
-        """x: (N, C, H, W) at time t -> v: (N, C, H, W). ``guided`` overrides the interval test."""
+    def __call__(self, x: torch.Tensor, t: float, guided: bool | None = None, d: float | None = None) -> torch.Tensor:
+        """x: (N, C, H, W) at time t -> v: (N, C, H, W). ``guided`` overrides the interval test; ``d``
+        is the step the caller will take, which a shortcut model is told (others ignore it)."""
         guided = self.guided_at(t) if guided is None else guided
         tt = torch.full((x.shape[0],), t, dtype=x.dtype, device=x.device)  # (N,): one time for the batch
         scale = self.cfg_scale if guided else 1.0
-        v, evals = guided_velocity(self.model, x, tt, self.y, scale, self.model.config.n_classes)
+        dd = None
+        if getattr(self.model.config, "shortcut", False):
+            dd = torch.full_like(tt, 0.0 if d is None else d)  # (N,); 0 = the instantaneous velocity
+        v, evals = guided_velocity(self.model, x, tt, self.y, scale, self.model.config.n_classes, dd)
         self.nfe += evals
         return v
 
@@ -135,12 +148,15 @@ def euler_sample(
     shift: float | None = None,
     cfg_interval: tuple[float, float] | None = None,
 ) -> SampleResult:
-    """Euler's method on dx/dt = v: x_{t + h} = x_t + h v(x_t, t), with h < 0. Order 1."""
+    """Euler's method on dx/dt = v: x_{t + h} = x_t + h v(x_t, t), with h < 0. Order 1.
+
+    With a shortcut model each step also tells the model its size |h|, which is how shortcut models
+    take 1, 2 or 4 large steps (``tinydit.shortcut``)."""
     check_sampler_args(steps, cfg_scale, "euler", grid, shift, cfg_interval)
     f, ts = _Velocity(model, y, cfg_scale, cfg_interval), time_grid(steps, grid, shift).tolist()
     x = noise
     for t, t_next in zip(ts[:-1], ts[1:], strict=True):
-        x = x + (t_next - t) * f(x, t)  # h = t_next - t is negative: we walk from noise to data
+        x = x + (t_next - t) * f(x, t, d=t - t_next)  # h = t_next - t is negative: from noise to data
     return SampleResult(x, f.nfe)
 
 

@@ -32,6 +32,7 @@ from tinydit.images import save_grid
 from tinydit.model import DiT, DiTConfig, count_params, get_preset
 from tinydit.runtime import autocast, make_grad_scaler, maybe_compile, resolve_compile, resolve_precision
 from tinydit.sampling import class_cycle, euler_sample
+from tinydit.shortcut import SC_FRACTION, shortcut_loss
 
 __all__ = ["Trainer", "TrainResult", "resolve_device", "ema_update", "ensure_writable_dir"]
 
@@ -145,6 +146,7 @@ class Trainer:
             in_channels=self.train_set.channels,
             n_classes=len(self.train_set.classes),
             **cfg.arch_overrides(),
+            shortcut=cfg.few_step == "shortcut",
         )
 
         torch.manual_seed(cfg.seed)
@@ -288,12 +290,17 @@ class Trainer:
 
         for group in self.opt.param_groups:
             group["lr"] = self.lr_at(self.step)
+        n_fm = n  # images trained by plain flow matching at their time t
         with autocast(dev, self.precision):
-            per_sample = flow_loss(self.forward, x, y, t, noise, reduce=False)  # (B,)
+            if cfg.few_step == "shortcut":
+                per_sample = shortcut_loss(self.forward, x, y, t, noise, generator=g, reduce=False)  # (B,)
+                n_fm = n - int(round(n * SC_FRACTION))  # the rest are self-consistency examples
+            else:
+                per_sample = flow_loss(self.forward, x, y, t, noise, reduce=False)  # (B,)
         loss = per_sample.mean()
-        bins = t_bins(t)  # summed on the device, read at logging time: no sync per step
-        self.bin_loss.index_add_(0, bins, per_sample.detach().float())
-        self.bin_count.index_add_(0, bins, torch.ones_like(t))
+        bins = t_bins(t[:n_fm])  # summed on the device, read at logging time: no sync per step
+        self.bin_loss.index_add_(0, bins, per_sample[:n_fm].detach().float())
+        self.bin_count.index_add_(0, bins, torch.ones_like(t[:n_fm]))
         self.opt.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
         if cfg.grad_clip > 0:
