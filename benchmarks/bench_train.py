@@ -4,6 +4,7 @@
     python benchmarks/bench_train.py --preset dit-1.9m --switches     # each architecture switch alone
     python benchmarks/bench_train.py --preset dit-1.9m --modes        # fp32/bf16 x eager/compiled
     python benchmarks/bench_train.py --preset dit-1.9m --compare diffusers
+    python benchmarks/bench_train.py --preset dit-0.2m --shape 1x28 --few-step   # shortcut training's cost
 
 A training step is the trainer's whole step: forward, MSE loss, backward, gradient clipping, AdamW
 and the EMA update, on a batch already in memory. Every timing is the median of ``--repeats`` runs of
@@ -43,6 +44,7 @@ import torch.nn.functional as F
 from tinydit.model import PRESETS, DiT, DiTConfig, count_params, get_preset
 from tinydit.runtime import autocast, cpu_has_native_bf16, maybe_compile
 from tinydit.sampling import euler_sample
+from tinydit.shortcut import shortcut_loss
 from tinydit.train import ema_update, resolve_device
 
 SWITCHES = {
@@ -88,6 +90,7 @@ class Workload:
     def __init__(self, name: str, model: torch.nn.Module, forward: Callable, cfg: DiTConfig, batch: int,
                  device: torch.device, precision: str):  # fmt: skip
         self.name, self.model, self.cfg, self.batch = name, model, cfg, batch
+        self.shortcut = getattr(cfg, "shortcut", False)  # train with the shortcut objective instead
         self.forward, self.device, self.precision = forward, device, precision
         self.ema = copy.deepcopy(model).requires_grad_(False)
         self.opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.99))
@@ -102,8 +105,10 @@ class Workload:
         t = self.t.view(-1, 1, 1, 1)
         x_t = (1 - t) * self.x + t * self.noise  # the flow-matching path, as in tinydit.flow
         with autocast(self.device, self.precision):
-            v = self.forward(x_t, self.t, self.y)
-        loss = F.mse_loss(v.float(), self.noise - self.x)
+            if self.shortcut:
+                loss = shortcut_loss(self.forward, self.x, self.y, self.t, self.noise, torch.Generator().manual_seed(0))
+            else:
+                loss = F.mse_loss(self.forward(x_t, self.t, self.y).float(), self.noise - self.x)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
@@ -237,6 +242,7 @@ def main() -> None:
     mode.add_argument("--switches", action="store_true", help="one row per architecture switch")
     mode.add_argument("--modes", action="store_true", help="fp32/bf16 x eager/compiled for one preset")
     mode.add_argument("--compare", choices=["diffusers"], help="race diffusers' DiT at the same configuration")
+    mode.add_argument("--few-step", action="store_true", help="a flow-matching step against a shortcut step")
     args = parser.parse_args()
     device = resolve_device(args.device)
     channels, size = (int(v) for v in args.shape.split("x"))
@@ -283,6 +289,20 @@ def main() -> None:
         for (p, c, w), t in zip(rows, times, strict=True):
             print(f"| {p} | {'yes' if c else 'no'} | {args.batch / t:.0f} | {times[0] / t:.2f}x | "
                   f"{sample_rate(w, args.batch, args.sample_steps):.0f} |", flush=True)
+        return
+
+    if args.few_step:
+        cfg = get_preset(presets[0], img_size=size, in_channels=channels)
+        plain = tinydit_workload(cfg, args.batch, device, args.precision, args.compile)
+        shortcut = tinydit_workload(replace(cfg, shortcut=True), args.batch, device, args.precision, args.compile)
+        t_plain, t_short = race([plain, shortcut], args.steps, args.repeats)
+        print(f"config: {presets[0]} ({args.shape}), batch {args.batch}, {args.precision}")
+        print()
+        print("| objective | train img/s | step ms | cost vs flow matching |")
+        print("|---|---|---|---|")
+        print(f"| flow matching | {args.batch / t_plain:.0f} | {1000 * t_plain:.0f} | 1.00x |")
+        print(f"| shortcut (1/4 self-consistency) | {args.batch / t_short:.0f} | {1000 * t_short:.0f} | "
+              f"{t_short / t_plain:.2f}x |")
         return
 
     if args.switches:
