@@ -156,8 +156,8 @@ def test_eval_cli_end_to_end_on_a_tiny_checkpoint(tiny_run, tmp_path, capsys, ev
     report = (tmp_path / "ev" / "report.md").read_text()
     assert "fid_shapes_cnn" in report and "samples_by_class.png" in report and "- sampler: name euler" in report
 
-    # the same samples written to .npz evaluate to the same numbers
-    assert main(["sample", "--checkpoint", str(ckpt), "--n", "40", "--steps", "2", "--out",
+    # the same samples written to .npz evaluate to the same numbers (eval generates in fp32)
+    assert main(["sample", "--checkpoint", str(ckpt), "--n", "40", "--steps", "2", "--precision", "fp32", "--out",
                  str(tmp_path / "s.npz")]) == 0  # fmt: skip
     code = main(["eval", "--samples", str(tmp_path / "s.npz"), "--data", "shapes", "--out", str(tmp_path / "ev2"),
                  "--cache-dir", str(eval_cache)])  # fmt: skip

@@ -261,6 +261,9 @@ def generate_for_eval(
 ) -> tuple[torch.Tensor, torch.Tensor, str, list[str], dict]:
     """n class-balanced samples from a checkpoint: images, labels, data set, classes, sampler info.
 
+    Generation runs in fp32 on every device (unlike ``tinydit sample``'s bf16 default where that is
+    faster), so scores compare across machines.
+
     ``sampler`` and ``options`` (grid, shift, cfg_interval; rtol, atol) go to ``tinydit.sampling.generate``;
     the info records them in full, defaults included.
     """
