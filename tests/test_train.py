@@ -170,3 +170,15 @@ def test_losses_are_logged_per_bin_of_t(tmp_path):
 
     total, by_t = trainer.validation_losses(WrongNearNoise())
     assert max(by_t[:5]) < 3 and min(by_t[5:]) > 50  # the error shows up in exactly the bins of t >= 0.5
+
+
+def test_a_run_continues_with_its_own_architecture_after_its_preset_changes(tmp_path, monkeypatch):
+    from tinydit import model as model_module
+
+    Trainer(fast_config(tmp_path, steps=1), progress=False).fit()
+    changed = {**model_module.PRESETS, "dit-0.2m": {**model_module.PRESETS["dit-0.2m"], "mlp": "swiglu"}}
+    monkeypatch.setattr(model_module, "PRESETS", changed)
+    resumed = Trainer(fast_config(tmp_path, steps=2), progress=False)
+    assert resumed.step == 1 and resumed.model_config.mlp == "gelu"
+    resumed.fit()
+    assert Trainer(fast_config(tmp_path / "new", steps=1), progress=False).model_config.mlp == "swiglu"

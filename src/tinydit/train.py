@@ -148,6 +148,13 @@ class Trainer:
             **cfg.arch_overrides(),
             shortcut=cfg.few_step == "shortcut",
         )
+        if state is not None:
+            # A run keeps the architecture it started with, even if its preset has changed since
+            # (presets follow the ablations); only the data's shape must still match.
+            stored = DiTConfig.from_dict(state["model_config"])
+            data_fields = ("img_size", "in_channels", "n_classes")
+            if all(getattr(stored, f) == getattr(self.model_config, f) for f in data_fields):
+                self.model_config = stored
 
         torch.manual_seed(cfg.seed)
         self.model = DiT(self.model_config).to(self.device)  # fp32 master weights, saved as they are
