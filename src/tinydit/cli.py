@@ -268,14 +268,17 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
-    from tinydit.model import DEFAULT_PRESET, PRESETS, DiT, count_params, get_preset
+    from tinydit.model import DEFAULT_PRESET, PRESETS, DiT, DiTConfig, count_params, get_preset
 
-    print(f"{'preset':10} {'params':>8} {'dim':>5} {'depth':>5} {'heads':>5} {'patch':>5} {'tokens@32':>9}")
+    base = DiTConfig()
+    print(f"{'preset':10} {'params':>8} {'dim':>5} {'depth':>5} {'heads':>5} {'patch':>5} {'tokens@32':>9}  switches")
     for name in PRESETS:
         cfg = get_preset(name)
+        switches = [f"{k}={getattr(cfg, k)}" for k in ("norm", "qk_norm", "mlp", "pos")
+                    if getattr(cfg, k) != getattr(base, k)]  # fmt: skip
         mark = "  (default)" if name == DEFAULT_PRESET else ""
         print(f"{name:10} {count_params(DiT(cfg)) / 1e6:7.2f}M {cfg.dim:5} {cfg.depth:5} {cfg.n_heads:5} "
-              f"{cfg.patch_size:5} {cfg.n_tokens:9}{mark}")
+              f"{cfg.patch_size:5} {cfg.n_tokens:9}  {' '.join(switches) or '-'}{mark}")
     return 0
 
 
