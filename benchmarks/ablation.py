@@ -21,12 +21,12 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from bench_train import SWITCHES, header, race, tinydit_workload
+from bench_train import header, race, tinydit_workload
 
 from tinydit.config import TrainConfig
 from tinydit.data import load_dataset
 from tinydit.evaluate import evaluate, generate_for_eval
-from tinydit.model import get_preset
+from tinydit.model import SWITCHES, get_preset
 from tinydit.runtime import resolve_precision
 from tinydit.train import Trainer, resolve_device
 

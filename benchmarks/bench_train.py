@@ -41,20 +41,12 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 
-from tinydit.model import PRESETS, DiT, DiTConfig, count_params, get_preset
+from tinydit.model import PRESETS, SWITCHES, DiT, DiTConfig, count_params, get_preset
 from tinydit.runtime import autocast, cpu_has_native_bf16, maybe_compile
 from tinydit.sampling import euler_sample
 from tinydit.shortcut import shortcut_loss
 from tinydit.train import ema_update, resolve_device
 
-SWITCHES = {
-    "baseline (LayerNorm, GELU, sin-cos)": {},
-    "rmsnorm": dict(norm="rmsnorm"),
-    "qk_norm": dict(qk_norm=True),
-    "swiglu": dict(mlp="swiglu"),
-    "rope": dict(pos="rope"),
-    "all four": dict(norm="rmsnorm", qk_norm=True, mlp="swiglu", pos="rope"),
-}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 

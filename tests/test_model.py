@@ -8,6 +8,7 @@ import torch
 from tinydit.errors import TinyDiTError
 from tinydit.model import (
     PRESETS,
+    SWITCHES,
     Attention,
     DiT,
     DiTConfig,
@@ -28,14 +29,6 @@ SMALL = [
 
 
 # Every architecture switch, alone and all together, on a small trunk.
-SWITCHES = {
-    "baseline": {},
-    "rmsnorm": dict(norm="rmsnorm"),
-    "qk_norm": dict(qk_norm=True),
-    "swiglu": dict(mlp="swiglu"),
-    "rope": dict(pos="rope"),
-    "all": dict(norm="rmsnorm", qk_norm=True, mlp="swiglu", pos="rope"),
-}
 VARIANTS = SMALL + [replace(SMALL[0], **sw) for name, sw in SWITCHES.items() if name != "baseline"]
 
 

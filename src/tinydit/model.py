@@ -28,8 +28,8 @@ from torch import nn
 
 from tinydit.errors import TinyDiTError
 
-__all__ = ["DiTConfig", "DiT", "PRESETS", "DEFAULT_PRESET", "get_preset", "count_params", "rope_2d", "apply_rope",
-           "swiglu_hidden"]  # fmt: skip
+__all__ = ["DiTConfig", "DiT", "PRESETS", "DEFAULT_PRESET", "SWITCHES", "ORIGINAL_BLOCK", "get_preset",
+           "count_params", "rope_2d", "apply_rope", "swiglu_hidden"]  # fmt: skip
 
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu")
@@ -109,6 +109,18 @@ PRESETS: dict[str, dict] = {
     "dit-32m": dict(dim=384, depth=12, n_heads=6, patch_size=2),  # GPU: 256 tokens per 32x32 image
 }
 DEFAULT_PRESET = "dit-1.9m"
+
+# The architecture switches one at a time and all together, each spelled out in full so that it means
+# the same on top of any preset (benchmarks/bench_train.py --switches, benchmarks/ablation.py, tests).
+ORIGINAL_BLOCK = dict(norm="layernorm", qk_norm=False, mlp="gelu", pos="sincos")  # DiT as published
+SWITCHES: dict[str, dict] = {
+    "baseline": ORIGINAL_BLOCK,
+    "rmsnorm": {**ORIGINAL_BLOCK, "norm": "rmsnorm"},
+    "qk_norm": {**ORIGINAL_BLOCK, "qk_norm": True},
+    "swiglu": {**ORIGINAL_BLOCK, "mlp": "swiglu"},
+    "rope": {**ORIGINAL_BLOCK, "pos": "rope"},
+    "all four": dict(norm="rmsnorm", qk_norm=True, mlp="swiglu", pos="rope"),
+}
 
 
 def get_preset(name: str, **data) -> DiTConfig:
