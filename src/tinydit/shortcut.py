@@ -24,10 +24,15 @@ from torch import nn
 
 from tinydit.flow import interpolate, velocity_target
 
-__all__ = ["shortcut_loss", "LEVELS", "SC_FRACTION"]
+__all__ = ["shortcut_loss", "n_self_consistency", "LEVELS", "SC_FRACTION"]
 
 LEVELS = 7  # the smallest self-consistency step is 2^-7: 128 steps, where d = 0 and d = 1/128 agree
 SC_FRACTION = 0.25  # share of each batch trained for self-consistency (the paper's k = 1/4)
+
+
+def n_self_consistency(batch: int, sc_fraction: float = SC_FRACTION) -> int:
+    """How many of a batch's images (the last ones) ``shortcut_loss`` trains for self-consistency."""
+    return int(round(batch * sc_fraction))
 
 
 def shortcut_loss(
@@ -42,12 +47,12 @@ def shortcut_loss(
 ) -> torch.Tensor:
     """Flow matching at d = 0 plus self-consistency targets, in one forward pass with gradients.
 
-    x0, noise: (B, C, H, W); y, t: (B,). The last ``round(B * sc_fraction)`` images become
+    x0, noise: (B, C, H, W); y, t: (B,). The last ``n_self_consistency(B)`` images become
     self-consistency examples with fresh d and t drawn from ``generator``. Returns the mean loss, or
     per-image losses (B,) with reduce=False.
     """
     b = x0.shape[0]
-    n_sc = int(round(b * sc_fraction))
+    n_sc = n_self_consistency(b, sc_fraction)
     n_fm = b - n_sc
     dev = x0.device
     k = torch.randint(1, LEVELS + 1, (n_sc,), generator=generator).to(dev)  # (n_sc,)

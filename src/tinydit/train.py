@@ -32,7 +32,7 @@ from tinydit.images import save_grid
 from tinydit.model import DiT, DiTConfig, count_params, get_preset
 from tinydit.runtime import autocast, make_grad_scaler, maybe_compile, resolve_compile, resolve_precision
 from tinydit.sampling import class_cycle, euler_sample
-from tinydit.shortcut import SC_FRACTION, shortcut_loss
+from tinydit.shortcut import n_self_consistency, shortcut_loss
 
 __all__ = ["Trainer", "TrainResult", "resolve_device", "ema_update", "ensure_writable_dir"]
 
@@ -301,7 +301,7 @@ class Trainer:
         with autocast(dev, self.precision):
             if cfg.few_step == "shortcut":
                 per_sample = shortcut_loss(self.forward, x, y, t, noise, generator=g, reduce=False)  # (B,)
-                n_fm = n - int(round(n * SC_FRACTION))  # the rest are self-consistency examples
+                n_fm = n - n_self_consistency(n)  # the rest are self-consistency examples
             else:
                 per_sample = flow_loss(self.forward, x, y, t, noise, reduce=False)  # (B,)
         loss = per_sample.mean()
@@ -344,8 +344,9 @@ class Trainer:
             losses.append(flow_loss(model, x, y, t[idx].to(self.device), noise[idx].to(self.device), reduce=False))
         model.train(was_training)
         per_image = torch.cat(losses).cpu()  # (n,)
-        per_bin = torch.zeros(N_T_BINS).index_add_(0, t_bins(t), per_image)
-        counts = torch.bincount(t_bins(t), minlength=N_T_BINS).clamp(min=1)
+        bins = t_bins(t)  # (n,)
+        per_bin = torch.zeros(N_T_BINS).index_add_(0, bins, per_image)
+        counts = torch.bincount(bins, minlength=N_T_BINS).clamp(min=1)
         return per_image.mean().item(), (per_bin / counts).tolist()
 
     @torch.no_grad()
