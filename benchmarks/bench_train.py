@@ -39,8 +39,8 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import torch
-import torch.nn.functional as F
 
+from tinydit.flow import flow_loss
 from tinydit.model import PRESETS, SWITCHES, DiT, DiTConfig, count_params, get_preset
 from tinydit.runtime import autocast, cpu_has_native_bf16, maybe_compile
 from tinydit.sampling import euler_sample
@@ -94,13 +94,11 @@ class Workload:
         self.y = torch.randint(0, cfg.n_classes + 1, (batch,), generator=g).to(device)
 
     def step(self) -> None:
-        t = self.t.view(-1, 1, 1, 1)
-        x_t = (1 - t) * self.x + t * self.noise  # the flow-matching path, as in tinydit.flow
-        with autocast(self.device, self.precision):
+        with autocast(self.device, self.precision):  # the trainer's own losses
             if self.shortcut:
                 loss = shortcut_loss(self.forward, self.x, self.y, self.t, self.noise, torch.Generator().manual_seed(0))
             else:
-                loss = F.mse_loss(self.forward(x_t, self.t, self.y).float(), self.noise - self.x)
+                loss = flow_loss(self.forward, self.x, self.y, self.t, self.noise)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)

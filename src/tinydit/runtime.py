@@ -3,7 +3,7 @@
 The defaults are what measured fastest (benchmarks/README.md):
 
 - CPU with native bf16 (AVX512-BF16 or AMX, as oneDNN reports): bf16 autocast, eager. On our 2-core
-  AVX-512 machine a dit-1.9m training step ran 1.24x faster in bf16 than in fp32. CPUs without it
+  AVX-512 machine a dit-1.9m training step ran 1.32x faster in bf16 than in fp32. CPUs without it
   emulate bf16 matmuls (under 1 GFLOP/s on an AVX2 machine), so there fp32 is the default.
 - ``torch.compile`` on CPU made a training step only 1.07-1.09x faster, which the 20-40 s of compilation
   on the first run eats in a 5-minute run, and it needs a C++ compiler: off by default, ``--compile on``

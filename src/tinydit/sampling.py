@@ -136,6 +136,27 @@ class _Velocity:
 # --- fixed-step samplers ------------------------------------------------------------------------------------
 
 
+def _fixed_steps(
+    name: str,
+    step: Callable[[_Velocity, torch.Tensor, float, float], torch.Tensor],
+    model: nn.Module,
+    noise: torch.Tensor,
+    y: torch.Tensor,
+    steps: int,
+    cfg_scale: float,
+    grid: str,
+    shift: float | None,
+    cfg_interval: tuple[float, float] | None,
+) -> SampleResult:
+    """Walk the time grid from t = 1 to t = 0 with ``step(f, x, t, t_next) -> x``, counting evaluations."""
+    check_sampler_args(steps, cfg_scale, name, grid, shift, cfg_interval)
+    f, ts = _Velocity(model, y, cfg_scale, cfg_interval), time_grid(steps, grid, shift).tolist()
+    x = noise
+    for t, t_next in zip(ts[:-1], ts[1:], strict=True):
+        x = step(f, x, t, t_next)
+    return SampleResult(x, f.nfe)
+
+
 @torch.no_grad()
 def euler_sample(
     model: nn.Module,
@@ -152,12 +173,11 @@ def euler_sample(
 
     With a shortcut model each step also tells the model its size |h|, which is how shortcut models
     take 1, 2 or 4 large steps (``tinydit.shortcut``)."""
-    check_sampler_args(steps, cfg_scale, "euler", grid, shift, cfg_interval)
-    f, ts = _Velocity(model, y, cfg_scale, cfg_interval), time_grid(steps, grid, shift).tolist()
-    x = noise
-    for t, t_next in zip(ts[:-1], ts[1:], strict=True):
-        x = x + (t_next - t) * f(x, t, d=t - t_next)  # h = t_next - t is negative: from noise to data
-    return SampleResult(x, f.nfe)
+    return _fixed_steps("euler", _euler_step, model, noise, y, steps, cfg_scale, grid, shift, cfg_interval)
+
+
+def _euler_step(f: _Velocity, x: torch.Tensor, t: float, t_next: float) -> torch.Tensor:
+    return x + (t_next - t) * f(x, t, d=t - t_next)  # h = t_next - t is negative: from noise to data
 
 
 @torch.no_grad()
@@ -182,15 +202,14 @@ def heun_sample(
     last step corrected, 4.3 without (README, "Sweeps"). One Euler step adds an O(h^2) error once,
     so the method stays second order.
     """
-    check_sampler_args(steps, cfg_scale, "heun", grid, shift, cfg_interval)
-    f, ts = _Velocity(model, y, cfg_scale, cfg_interval), time_grid(steps, grid, shift).tolist()
-    x = noise
-    for t, t_next in zip(ts[:-1], ts[1:], strict=True):
-        h = t_next - t
-        v = f(x, t)
-        x_pred = x + h * v  # the Euler predictor
-        x = x + h * 0.5 * (v + f(x_pred, t_next)) if t_next > 0 else x_pred
-    return SampleResult(x, f.nfe)
+    return _fixed_steps("heun", _heun_step, model, noise, y, steps, cfg_scale, grid, shift, cfg_interval)
+
+
+def _heun_step(f: _Velocity, x: torch.Tensor, t: float, t_next: float) -> torch.Tensor:
+    h = t_next - t
+    v = f(x, t)
+    x_pred = x + h * v  # the Euler predictor
+    return x + h * 0.5 * (v + f(x_pred, t_next)) if t_next > 0 else x_pred
 
 
 @torch.no_grad()
@@ -207,14 +226,13 @@ def midpoint_sample(
 ) -> SampleResult:
     """The explicit midpoint method: x_{t + h} = x_t + h v(x_t + h/2 v(x_t, t), t + h/2). Order 2,
     two velocities per step, none at t = 0."""
-    check_sampler_args(steps, cfg_scale, "midpoint", grid, shift, cfg_interval)
-    f, ts = _Velocity(model, y, cfg_scale, cfg_interval), time_grid(steps, grid, shift).tolist()
-    x = noise
-    for t, t_next in zip(ts[:-1], ts[1:], strict=True):
-        h = t_next - t
-        x_mid = x + 0.5 * h * f(x, t)
-        x = x + h * f(x_mid, t + 0.5 * h)
-    return SampleResult(x, f.nfe)
+    return _fixed_steps("midpoint", _midpoint_step, model, noise, y, steps, cfg_scale, grid, shift, cfg_interval)
+
+
+def _midpoint_step(f: _Velocity, x: torch.Tensor, t: float, t_next: float) -> torch.Tensor:
+    h = t_next - t
+    x_mid = x + 0.5 * h * f(x, t)
+    return x + h * f(x_mid, t + 0.5 * h)
 
 
 # --- the adaptive sampler: Dormand-Prince 5(4) --------------------------------------------------------------
