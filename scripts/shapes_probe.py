@@ -132,6 +132,7 @@ def main() -> None:
     p.add_argument("--cfgs", default="1,2")
     p.add_argument("--sample-shift", type=float, default=3.0, help="also sample on a warped time grid")
     p.add_argument("--pos", default=None, choices=["sincos", "rope"])
+    p.add_argument("--pred", default=None, choices=["v", "x"])
     p.add_argument("--precision", default="fp32")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
@@ -141,7 +142,7 @@ def main() -> None:
     cfg = TrainConfig(out=args.out, data=args.data, preset=args.preset, steps=args.steps, minutes=args.minutes,
                       lr=args.lr, ema_decay=args.ema, class_dropout=args.class_dropout, limit=args.limit,
                       t_sampling=args.t_sampling, t_shift=args.t_shift, batch_size=args.batch_size, sample_every=10**9,
-                      pos=args.pos, precision=args.precision,
+                      pos=args.pos, pred=args.pred, precision=args.precision,
                       ckpt_every=10**9, val_every=250, log_every=50)
     tr = Trainer(cfg, overwrite=True, progress=False)
     t0 = time.perf_counter()

@@ -57,6 +57,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     arch.add_argument("--qk-norm", choices=["on", "off"], default=None, help="RMS-normalise queries and keys")
     arch.add_argument("--mlp", choices=["gelu", "swiglu"], default=None)
     arch.add_argument("--pos", choices=["sincos", "rope"], default=None, help="absolute sin-cos or 2-D RoPE")
+    arch.add_argument("--pred", choices=["v", "x"], default=None,
+                      help="network output: the velocity (v) or the clean image (x, JiT), v derived from it")
     p.add_argument("--log-every", type=int, default=d.log_every)
     p.add_argument("--val-every", type=int, default=d.val_every)
     p.add_argument("--sample-every", type=int, default=d.sample_every)
@@ -228,8 +230,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         steps=args.steps, minutes=args.minutes, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
         ema_decay=args.ema_decay, class_dropout=args.class_dropout, t_sampling=args.t_sampling,
         t_shift=args.t_shift, few_step=args.few_step, seed=args.seed, device=args.device, precision=args.precision,
-        compile=args.compile,
-        norm=args.norm, qk_norm=None if args.qk_norm is None else args.qk_norm == "on", mlp=args.mlp, pos=args.pos,
+        compile=args.compile, norm=args.norm, qk_norm=None if args.qk_norm is None else args.qk_norm == "on",
+        mlp=args.mlp, pos=args.pos, pred=args.pred,
         log_every=args.log_every, val_every=args.val_every, sample_every=args.sample_every,
         ckpt_every=args.ckpt_every, sample_steps=args.sample_steps, sample_cfg=args.sample_cfg,
     )  # fmt: skip
@@ -274,7 +276,7 @@ def cmd_presets(args: argparse.Namespace) -> int:
     print(f"{'preset':10} {'params':>8} {'dim':>5} {'depth':>5} {'heads':>5} {'patch':>5} {'tokens@32':>9}  switches")
     for name in PRESETS:
         cfg = get_preset(name)
-        switches = [f"{k}={getattr(cfg, k)}" for k in ("norm", "qk_norm", "mlp", "pos")
+        switches = [f"{k}={getattr(cfg, k)}" for k in ("norm", "qk_norm", "mlp", "pos", "pred")
                     if getattr(cfg, k) != getattr(base, k)]  # fmt: skip
         mark = "  (default)" if name == DEFAULT_PRESET else ""
         print(f"{name:10} {count_params(DiT(cfg)) / 1e6:7.2f}M {cfg.dim:5} {cfg.depth:5} {cfg.n_heads:5} "

@@ -18,7 +18,7 @@ __all__ = ["TrainConfig", "TRAJECTORY_FIELDS"]
 # everything else (steps, minutes, logging intervals, device) may change between invocations.
 TRAJECTORY_FIELDS = (
     "data", "preset", "batch_size", "lr", "warmup", "weight_decay", "grad_clip", "ema_decay",
-    "class_dropout", "seed", "limit", "t_sampling", "t_shift", "norm", "qk_norm", "mlp", "pos", "few_step",
+    "class_dropout", "seed", "limit", "t_sampling", "t_shift", "norm", "qk_norm", "mlp", "pos", "pred", "few_step",
 )  # fmt: skip
 
 
@@ -33,6 +33,7 @@ class TrainConfig:
     qk_norm: bool | None = None
     mlp: str | None = None
     pos: str | None = None
+    pred: str | None = None  # v | x: what the network outputs (see DiTConfig.pred); None keeps the preset's
     steps: int | None = None  # stop after this many optimizer steps ...
     minutes: float | None = None  # ... or after this much training wall time, whichever comes first
     batch_size: int = 128  # images per optimizer step
@@ -97,7 +98,7 @@ class TrainConfig:
 
     def arch_overrides(self) -> dict:
         """The architecture switches set on the command line, to apply on top of the preset."""
-        switches = {name: getattr(self, name) for name in ("norm", "qk_norm", "mlp", "pos")}
+        switches = {name: getattr(self, name) for name in ("norm", "qk_norm", "mlp", "pos", "pred")}
         return {name: value for name, value in switches.items() if value is not None}
 
     @classmethod

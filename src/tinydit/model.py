@@ -34,6 +34,8 @@ __all__ = ["DiTConfig", "DiT", "PRESETS", "DEFAULT_PRESET", "SWITCHES", "ORIGINA
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu")
 POSITIONS = ("sincos", "rope")
+PREDICTIONS = ("v", "x")
+X_PRED_T_MIN = 0.05  # x-prediction divides by t; below this t the division is clipped (JiT, Li & He 2025)
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class DiTConfig:
     mlp: str = "gelu"  # gelu (exact erf form) | swiglu (hidden width 2/3 of GELU's, same params)
     pos: str = "sincos"  # sincos: fixed 2-D sin-cos added to the tokens | rope: 2-D axial RoPE on q and k
     shortcut: bool = False  # also condition on the step size d, for few-step sampling (tinydit.shortcut)
+    pred: str = "v"  # what the network outputs: v (the velocity itself) | x (clean image; v derived from it)
 
     def __post_init__(self):
         for name in ("img_size", "in_channels", "patch_size", "dim", "depth", "n_heads", "n_classes"):
@@ -68,7 +71,7 @@ class DiTConfig:
             raise TinyDiTError(f"dim {self.dim} must be divisible by 4 for the 2-D sin-cos positions")
         if self.mlp_ratio <= 0:
             raise TinyDiTError(f"mlp_ratio must be > 0, got {self.mlp_ratio}")
-        for name, allowed in (("norm", NORMS), ("mlp", MLPS), ("pos", POSITIONS)):
+        for name, allowed in (("norm", NORMS), ("mlp", MLPS), ("pos", POSITIONS), ("pred", PREDICTIONS)):
             if getattr(self, name) not in allowed:
                 raise TinyDiTError(f"DiTConfig.{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         if self.pos == "rope" and self.head_dim % 4:
@@ -443,4 +446,12 @@ class DiT(nn.Module):
         c = self.condition(t, y, d)  # (N, D)
         for block in self.blocks:
             tokens = block(tokens, c, rope)
-        return self.unpatchify(self.final(tokens, c))  # (N, C, H, W)
+        out = self.unpatchify(self.final(tokens, c))  # (N, C, H, W)
+        if cfg.pred == "v":
+            return out
+        # x-prediction (JiT, Li & He 2025): the network outputs the clean image, which lies near a
+        # low-dimensional manifold, and the velocity follows from the path, v = (x_t - x0) / t. A v- (or
+        # noise-) predicting network must instead carry the full-rank noise of every patch through its
+        # width: with 3-channel 4x4 patches (48 values) and a 64-wide token, it cannot.
+        t_ = t.to(out.dtype).clamp(min=X_PRED_T_MIN).view(-1, 1, 1, 1)  # (N, 1, 1, 1)
+        return (x - out) / t_
