@@ -35,7 +35,7 @@ from tinydit.grids import DEFAULT_SHIFT, GRIDS, check_grid, shifted_grid, time_g
 __all__ = ["SampleResult", "SAMPLERS", "GRIDS", "DEFAULT_SHIFT", "sample", "check_sampler_args", "uniform_grid",
            "shifted_grid", "time_grid", "null_condition", "guided_velocity", "euler_sample", "heun_sample",
            "midpoint_sample", "dopri5_sample", "sampler_settings", "generate", "class_cycle",
-           "resolve_labels"]  # fmt: skip
+           "resolve_labels", "resolve_prompts"]  # fmt: skip
 
 
 @dataclass
@@ -435,3 +435,14 @@ def resolve_labels(specs: list[str] | None, classes: list[str], n: int) -> torch
                     f"unknown class {item!r}: this model knows {', '.join(classes)} (or ids 0-{len(classes) - 1})"
                 )
     return torch.tensor(ids, dtype=torch.long)[torch.arange(n) % len(ids)]
+
+
+def resolve_prompts(prompts: list[str], tokenizer, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Caption ids (P n, L) for n images of each of P prompts, prompt after prompt, and each image's
+    prompt index (P n,). Unknown words warn by name (``tinydit.text.Tokenizer.encode``)."""
+    if n < 1:
+        raise TinyDiTError(f"--n must be >= 1, got {n}")
+    if not prompts:
+        raise TinyDiTError("no prompt given: pass --prompt TEXT (repeat it for rows of a grid)")
+    index = torch.arange(len(prompts)).repeat_interleave(n)  # (P n,): row p holds prompt p
+    return tokenizer.encode(list(prompts))[index], index
