@@ -114,7 +114,6 @@ class Tokenizer:
         """captions (N strings) -> ids (N, L) int64: BOS, the words' ids (UNK if unknown), PAD up to L."""
         if isinstance(captions, str):
             captions = [captions]
-        out = torch.zeros(len(captions), self.max_len, dtype=torch.long)  # (N, L) of PAD
         rows, unknown, long = [], {}, []
         for caption in captions:
             ws = words(caption)
@@ -123,9 +122,9 @@ class Tokenizer:
                     unknown.setdefault(w, caption)
             if len(ws) > self.max_len - 1:
                 long.append(caption)
-            rows.append([BOS] + [self.ids.get(w, UNK) for w in ws[: self.max_len - 1]])
-        for i, row in enumerate(rows):
-            out[i, : len(row)] = torch.tensor(row)
+            row = [BOS] + [self.ids.get(w, UNK) for w in ws[: self.max_len - 1]]
+            rows.append(row + [PAD] * (self.max_len - len(row)))
+        out = torch.tensor(rows, dtype=torch.long).reshape(len(rows), self.max_len)  # (N, L)
         if warn and unknown:
             where = "; ".join(f"{w!r} in {c!r}" for w, c in list(unknown.items())[:5])
             warnings.warn(f"unknown word{'s' if len(unknown) > 1 else ''} {where}{' ...' if len(unknown) > 5 else ''}:"
