@@ -227,3 +227,32 @@ def test_configs_from_older_checkpoints_load_with_the_original_architecture():
 def test_switch_validation_names_the_choices(bad, match):
     with pytest.raises(TinyDiTError, match=match):
         replace(DiTConfig(), **bad)
+
+
+def test_x_prediction_derives_the_velocity_from_the_predicted_clean_image():
+    torch.manual_seed(0)
+    cfg = replace(SMALL[0], pred="x")
+    model = DiT(cfg)
+    x = torch.randn(3, cfg.in_channels, cfg.img_size, cfg.img_size)
+    t = torch.tensor([0.01, 0.5, 1.0])
+    y = torch.tensor([0, 1, cfg.n_classes])
+    # At initialisation the network outputs x0 = 0, so the velocity points straight from the origin to x_t.
+    v = model(x, t, y)
+    assert torch.allclose(v, x / t.clamp(min=0.05).view(-1, 1, 1, 1))
+    # Off the initialisation the network's clean image comes back as x_t - t v (above the clip).
+    for p in model.parameters():
+        p.data.add_(0.05 * torch.randn_like(p))
+    v_model = model(x, t, y)
+    tokens, rope = model.embed_image(x)
+    c, _, _ = model.condition(t, y)
+    for block in model.blocks:
+        tokens = block(tokens, c, rope)
+    x0 = model.unpatchify(model.final(tokens, c))  # the network's own output: (N, C, H, W)
+    assert torch.allclose(x[1:] - t[1:].view(-1, 1, 1, 1) * v_model[1:], x0[1:], atol=1e-5)
+    # A clean image is a fixed point: if the network returned x_t itself, the velocity would be zero.
+    assert torch.equal(model.velocity(x, t, x), torch.zeros_like(x))
+
+
+def test_prediction_switch_is_validated():
+    with pytest.raises(TinyDiTError, match="pred"):
+        DiTConfig(pred="eps")

@@ -32,9 +32,12 @@ def test_auto_picks_bf16_only_on_cpus_with_native_bf16_and_fp16_needs_cuda(monke
 def test_bf16_autocast_trains_with_fp32_master_weights_and_ema(tmp_path):
     trainer = Trainer(fast_config(tmp_path, steps=2, batch_size=4, precision="bf16"), progress=False)
     assert trainer.precision == "bf16"
-    with autocast(CPU, "bf16"):  # the forward pass really runs in bf16
-        v = trainer.forward(torch.randn(2, 3, 32, 32), torch.rand(2), torch.tensor([0, 1]))
-    assert v.dtype == torch.bfloat16
+    seen = []  # the network's own output (the clean image for x-prediction) really comes out in bf16
+    hook = trainer.model.final.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    with autocast(CPU, "bf16"):
+        trainer.forward(torch.randn(2, 3, 32, 32), torch.rand(2), torch.tensor([0, 1]))
+    hook.remove()
+    assert seen == [torch.bfloat16]
     result = trainer.fit()
     assert result.val_loss is not None and torch.isfinite(torch.tensor(result.val_loss))
     state = load_checkpoint(tmp_path / "checkpoint.pt")

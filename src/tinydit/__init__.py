@@ -12,6 +12,7 @@ Shape legend used in comments and docstrings:
     H  image height            W  image width
     p  patch size              T  tokens per image = (H / p) * (W / p)
     D  model width (``dim``)   h  attention heads, Dh = D / h the head width
+    L  token ids per caption (BOS + the longest training caption; ``tinydit.text``)
 """
 
 from __future__ import annotations

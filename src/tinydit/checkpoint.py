@@ -3,7 +3,9 @@
 One file holds everything needed to sample from a run or to continue it exactly:
 
     format, format_version, tinydit_version
+    model_type ("dit" or "mmdit"; absent in older checkpoints: "dit")
     model_config (dict), train_config (dict), data (name, classes, channels, img_size)
+    tokenizer (text models only: its word list and L, ``tinydit.text.Tokenizer.to_dict``)
     model, ema, optimizer (state dicts), step, train_seconds, rng (torch CPU / CUDA states)
 
 Writing goes to ``<name>.tmp`` first and is ``os.replace``d over the old file, so an interrupted
@@ -20,9 +22,9 @@ from torch import nn
 
 from tinydit import __version__
 from tinydit.errors import TinyDiTError
-from tinydit.model import DiT, DiTConfig
+from tinydit.model import DiT
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "save_checkpoint", "load_checkpoint", "load_model", "unwrap"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "save_checkpoint", "load_checkpoint", "load_model", "tokenizer_of", "unwrap"]
 
 FORMAT = "tinydit-checkpoint"
 FORMAT_VERSION = 1
@@ -76,9 +78,13 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
 def load_model(
     state_or_path: dict | str | Path, ema: bool = True, map_location: str | torch.device = "cpu"
 ) -> tuple[DiT, dict]:
-    """A DiT with the checkpoint's (EMA by default) weights, in eval mode, and the checkpoint dict."""
+    """The checkpoint's model (a DiT or an MMDiT) with its (EMA by default) weights, in eval mode, and the
+    checkpoint dict. A text model's tokenizer is ``tokenizer_of(state)``."""
+    from tinydit.registry import build_model, config_from_dict
+
     state = state_or_path if isinstance(state_or_path, dict) else load_checkpoint(state_or_path, map_location)
-    model = DiT(DiTConfig.from_dict(state["model_config"]))
+    kind = state.get("model_type", "dit")
+    model = build_model(kind, config_from_dict(kind, state["model_config"]))
     weights = state["ema"] if ema and state.get("ema") is not None else state["model"]
     try:
         model.load_state_dict(weights)
@@ -88,3 +94,10 @@ def load_model(
             "the file is damaged or was edited"
         ) from err
     return model.to(map_location).eval(), state
+
+
+def tokenizer_of(state: dict):
+    """The ``tinydit.text.Tokenizer`` stored in a text model's checkpoint, or None for a class model."""
+    from tinydit.text import Tokenizer
+
+    return Tokenizer.from_dict(state["tokenizer"]) if state.get("tokenizer") is not None else None

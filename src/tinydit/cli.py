@@ -1,7 +1,9 @@
 """The ``tinydit`` command: argument parsing only; the work is done by library functions.
 
-    tinydit train   --data shapes|fashion-mnist|cifar10|PATH --preset NAME --steps N --minutes M --out RUN_DIR
+    tinydit train   --data shapes|fashion-mnist|cifar10|PATH --model dit|mmdit --cond class|text --preset NAME
+                    --steps N --minutes M --out RUN_DIR
     tinydit sample  --checkpoint FILE --n N --sampler NAME --steps S --cfg G --seed K --out FILE.png|FILE.npz|DIR
+                    [--class NAME ... | --prompt TEXT ...]
     tinydit eval    --checkpoint FILE | --samples FILE.npz|DIR  --data fashion-mnist|shapes --n N --out DIR
     tinydit sweep   --checkpoint FILE --samplers euler,heun --steps 4,8,16 --cfg 1,2 --n N --out DIR
     tinydit presets
@@ -22,16 +24,26 @@ EXIT_INTERRUPTED = 130
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
-    from tinydit.config import TrainConfig
-    from tinydit.model import DEFAULT_PRESET
+    from tinydit.config import SHAPES_HOLDOUT, TrainConfig
+    from tinydit.registry import MODEL_TYPES
 
     d = TrainConfig()
-    p = sub.add_parser("train", help="train a DiT (re-running the same command continues the run)",
+    p = sub.add_parser("train", help="train a DiT or an MMDiT (re-running the same command continues the run)",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--data", default=d.data, help="shapes | fashion-mnist | cifar10 | path of an image folder")
     p.add_argument("--data-root", default=d.data_root, help="where downloadable data sets are looked for")
     p.add_argument("--limit", type=int, default=None, help="train on the first N images only")
-    p.add_argument("--preset", default=DEFAULT_PRESET, help="model size (see `tinydit presets`)")
+    p.add_argument("--model", default=d.model, choices=list(MODEL_TYPES),
+                   help="dit, or mmdit: image and text streams with joint attention (text-to-image, SD3)")
+    p.add_argument("--cond", default=None, choices=["class", "text"],
+                   help="condition on class labels or on captions; default: class for dit, text for mmdit "
+                        "(--model dit --cond text sees the caption only through its pooled vector)")
+    p.add_argument("--preset", default=None,
+                   help="model size (see `tinydit presets`); default: "
+                        + ", ".join(f"{t.default_preset} for {name}" for name, t in MODEL_TYPES.items()))
+    p.add_argument("--holdout", default=None,
+                   help="text runs: comma-separated caption phrases never trained on (their images are removed); "
+                        f"default: {SHAPES_HOLDOUT!r} for shapes, none otherwise; 'none' for none")
     p.add_argument("--steps", type=int, default=None, help="stop after N optimizer steps (2000 if no --minutes)")
     p.add_argument("--minutes", type=float, default=None, help="stop after M minutes of training in total")
     p.add_argument("--out", default=d.out, help="run directory")
@@ -100,13 +112,18 @@ def _add_sample(sub: argparse._SubParsersAction) -> None:
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--checkpoint", required=True, help="checkpoint.pt written by `tinydit train`")
     p.add_argument("--class", dest="classes", action="append", default=None,
-                   help="class name or id (repeat, or comma-separate); default: cycle through all classes")
-    p.add_argument("--n", type=int, default=64, help="number of images")
+                   help="class models: class name or id (repeat, or comma-separate); default: cycle through all")
+    p.add_argument("--prompt", dest="prompts", action="append", default=None,
+                   help="text models: a caption to draw; repeat for several, one grid row each; default: the "
+                        "prompts of the run's sample grids")
+    p.add_argument("--n", type=int, default=None, help="number of images (default 64); text models: images per "
+                                                       "prompt (default 8)")
     p.add_argument("--cfg", type=float, default=2.0, help="classifier-free guidance scale (1 = off)")
     _add_sampler_args(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="samples.png", help="FILE.png (a grid), FILE.npz or a directory of PNGs")
-    p.add_argument("--nrow", type=int, default=None, help="images per grid row (default: the number of classes)")
+    p.add_argument("--nrow", type=int, default=None,
+                   help="images per grid row (default: the number of classes; text models: --n, one row per prompt)")
     p.add_argument("--device", default="auto")
     p.add_argument("--no-ema", action="store_true", help="use the raw weights instead of the EMA")
     p.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
@@ -119,7 +136,8 @@ def _add_sample(sub: argparse._SubParsersAction) -> None:
 def _add_eval(sub: argparse._SubParsersAction) -> None:
     from tinydit.evaluate import DEFAULT_CACHE
 
-    p = sub.add_parser("eval", help="FID, KID, precision/recall and class consistency, offline",
+    p = sub.add_parser("eval", help="FID, KID, precision/recall, class consistency and (shapes text runs) "
+                                    "prompt adherence, offline",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", help="generate --n samples from this checkpoint and evaluate them")
@@ -145,7 +163,7 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("sweep", help="quality against model evaluations across samplers, steps and guidance",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--checkpoint", required=True, help="checkpoint.pt of a fashion-mnist or shapes run")
+    p.add_argument("--checkpoint", required=True, help="checkpoint.pt of a fashion-mnist or shapes run (class or text)")
     p.add_argument("--samplers", default="euler,heun", help="comma-separated: euler, heun, midpoint, dopri5")
     p.add_argument("--steps", default="4,8,16,32", help="comma-separated step counts (fixed-step samplers)")
     p.add_argument("--tols", default="1e-2,1e-3", help="comma-separated tolerances, rtol = atol (dopri5)")
@@ -226,7 +244,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from tinydit.train import Trainer
 
     cfg = TrainConfig(
-        out=args.out, data=args.data, data_root=args.data_root, limit=args.limit, preset=args.preset,
+        out=args.out, data=args.data, data_root=args.data_root, limit=args.limit, model=args.model, cond=args.cond,
+        preset=args.preset, holdout=args.holdout,
         steps=args.steps, minutes=args.minutes, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
         ema_decay=args.ema_decay, class_dropout=args.class_dropout, t_sampling=args.t_sampling,
         t_shift=args.t_shift, few_step=args.few_step, seed=args.seed, device=args.device, precision=args.precision,
@@ -243,10 +262,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_sample(args: argparse.Namespace) -> int:
     import time
 
-    from tinydit.checkpoint import load_model
+    from tinydit.checkpoint import load_model, tokenizer_of
     from tinydit.export import check_output, write_samples
     from tinydit.runtime import autocast, maybe_compile, resolve_compile, resolve_precision
-    from tinydit.sampling import check_sampler_args, generate, resolve_labels
+    from tinydit.sampling import check_sampler_args, generate, resolve_labels, resolve_prompts
     from tinydit.train import resolve_device
 
     options = _sampler_options(args)
@@ -256,31 +275,58 @@ def cmd_sample(args: argparse.Namespace) -> int:
     precision = resolve_precision(args.precision, device)
     model, state = load_model(args.checkpoint, ema=not args.no_ema, map_location=device)
     forward = maybe_compile(model, resolve_compile(args.compile, device))
-    classes = state["data"]["classes"]
-    y = resolve_labels(args.classes, classes, args.n)
+    classes, tokenizer = state["data"]["classes"], tokenizer_of(state)
+    if tokenizer is None:  # a class model
+        if args.prompts:
+            raise TinyDiTError(f"{args.checkpoint} is class-conditional (classes: {', '.join(classes)}): use "
+                               "--class, not --prompt; prompts need a text run (--model mmdit or --cond text)")
+        n = 64 if args.n is None else args.n
+        y = labels = resolve_labels(args.classes, classes, n)
+        names, nrow = classes, args.nrow or (len(classes) if not args.classes else min(8, n))
+    else:
+        if args.classes:
+            raise TinyDiTError(f"{args.checkpoint} is a text-to-image model: use --prompt TEXT, not --class")
+        prompts = args.prompts or state["data"]["prompts"]
+        n = 8 if args.n is None else args.n
+        y, labels = resolve_prompts(prompts, tokenizer, n)  # (P n, L), (P n,): one row per prompt
+        names, nrow = prompts, args.nrow or n
     started = time.perf_counter()
     with autocast(device, precision):
         res = generate(forward, y, steps=args.steps, cfg_scale=args.cfg, seed=args.seed, sampler=args.sampler,
                        **options)  # fmt: skip
-    nrow = args.nrow or (len(classes) if not args.classes else min(8, args.n))
-    write_samples(res.x.float(), y, out, classes, nrow=nrow)
-    print(f"wrote {args.n} samples to {out} ({args.sampler}, {res.nfe:g} model evaluations per image, "
+    write_samples(res.x.float(), labels, out, names, nrow=nrow)
+    print(f"wrote {len(y)} samples to {out} ({args.sampler}, {res.nfe:g} model evaluations per image, "
           f"{time.perf_counter() - started:.1f} s)", file=sys.stderr)
     return 0
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
     from tinydit.model import DEFAULT_PRESET, PRESETS, DiT, DiTConfig, count_params, get_preset
+    from tinydit.registry import MODEL_TYPES, build_model, preset_config
 
     base = DiTConfig()
-    print(f"{'preset':10} {'params':>8} {'dim':>5} {'depth':>5} {'heads':>5} {'patch':>5} {'tokens@32':>9}  switches")
+    shapes_text = dict(cond="text", vocab_size=18, text_len=8, n_classes=4)  # the shapes captions' tokenizer
+    print(f"{'preset':10} {'params':>8} {'+text':>8} {'dim':>5} {'depth':>5} {'heads':>5} {'patch':>5} "
+          f"{'tokens@32':>9}  switches")  # fmt: skip
     for name in PRESETS:
         cfg = get_preset(name)
         switches = [f"{k}={getattr(cfg, k)}" for k in ("norm", "qk_norm", "mlp", "pos", "pred")
                     if getattr(cfg, k) != getattr(base, k)]  # fmt: skip
         mark = "  (default)" if name == DEFAULT_PRESET else ""
-        print(f"{name:10} {count_params(DiT(cfg)) / 1e6:7.2f}M {cfg.dim:5} {cfg.depth:5} {cfg.n_heads:5} "
-              f"{cfg.patch_size:5} {cfg.n_tokens:9}  {' '.join(switches) or '-'}{mark}")
+        text = count_params(DiT(get_preset(name, **shapes_text)))
+        print(f"{name:10} {count_params(DiT(cfg)) / 1e6:7.2f}M {text / 1e6:7.2f}M {cfg.dim:5} {cfg.depth:5} "
+              f"{cfg.n_heads:5} {cfg.patch_size:5} {cfg.n_tokens:9}  {' '.join(switches) or '-'}{mark}")
+    mm = MODEL_TYPES["mmdit"]
+    for name in mm.presets:
+        cfg = preset_config("mmdit", name, **{k: v for k, v in shapes_text.items() if k != "cond"})
+        switches = [f"{k}={getattr(cfg, k)}" for k in ("norm", "qk_norm", "mlp", "pos")
+                    if getattr(cfg, k) != getattr(base, k)]  # fmt: skip
+        mark = "  (default for --model mmdit)" if name == mm.default_preset else ""
+        print(f"{name:10} {'-':>8} {count_params(build_model('mmdit', cfg)) / 1e6:7.2f}M {cfg.dim:5} "
+              f"{cfg.depth}+{cfg.single_blocks:<3} {cfg.n_heads:5} {cfg.patch_size:5} {cfg.n_tokens:9}  "
+              f"{' '.join(switches) or '-'}{mark}")
+    print("params: class-conditional, 32x32 RGB, 10 classes; +text: with the text encoder, on the shapes captions. "
+          "mmdit depth: joint + single-stream blocks.")
     return 0
 
 

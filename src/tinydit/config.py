@@ -9,16 +9,22 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 from tinydit.errors import TinyDiTError
-from tinydit.model import DEFAULT_PRESET, PRESETS
+from tinydit.registry import MODEL_TYPES
 from tinydit.runtime import PRECISIONS
+from tinydit.text import parse_phrases
 
-__all__ = ["TrainConfig", "TRAJECTORY_FIELDS"]
+# Caption combinations a shapes text run never sees unless told otherwise (``--holdout``): prompt
+# adherence on them measures compositional generalisation (``tinydit.adherence``).
+SHAPES_HOLDOUT = "red triangle,blue circle"
+
+__all__ = ["TrainConfig", "TRAJECTORY_FIELDS", "SHAPES_HOLDOUT"]
 
 # Fields that change what a run computes. A run directory can only be continued with the same values;
 # everything else (steps, minutes, logging intervals, device) may change between invocations.
 TRAJECTORY_FIELDS = (
     "data", "preset", "batch_size", "lr", "warmup", "weight_decay", "grad_clip", "ema_decay",
     "class_dropout", "seed", "limit", "t_sampling", "t_shift", "norm", "qk_norm", "mlp", "pos", "pred", "few_step",
+    "model", "cond", "holdout",
 )  # fmt: skip
 
 
@@ -28,7 +34,12 @@ class TrainConfig:
     data: str = "shapes"  # shapes | fashion-mnist | cifar10 | path of an image folder
     data_root: str = "data"  # where downloadable data sets are looked for and stored
     limit: int | None = None  # use only the first `limit` training images (quick runs)
-    preset: str = DEFAULT_PRESET  # model size, see `tinydit presets`
+    model: str = "dit"  # dit | mmdit (tinydit.mmdit: image and text streams with joint attention)
+    preset: str | None = None  # model size, see `tinydit presets`; None: the model's default preset
+    cond: str | None = None  # class | text (the captions, tinydit.text); None: class for dit, text for mmdit
+    # Text runs: comma-separated caption phrases ("red triangle"); every training image whose caption holds
+    # one is removed, so the model never sees that combination. None: SHAPES_HOLDOUT for shapes, else none.
+    holdout: str | None = None
     norm: str | None = None  # architecture switches (see tinydit.model); None keeps the preset's choice
     qk_norm: bool | None = None
     mlp: str | None = None
@@ -42,7 +53,7 @@ class TrainConfig:
     weight_decay: float = 0.0  # AdamW weight decay (DiT uses none)
     grad_clip: float = 1.0  # clip the global gradient norm to this (0 = off)
     ema_decay: float = 0.999  # EMA of the weights used for sampling; warmed up as min(d, (1+s)/(10+s))
-    class_dropout: float = 0.1  # probability of training on the null label, for classifier-free guidance
+    class_dropout: float = 0.1  # probability of the null label (text: the empty caption), for guidance
     t_sampling: str = "uniform"  # training times: uniform | logit-normal (SD3)
     few_step: str = "none"  # none | shortcut: also train the model to take large steps (tinydit.shortcut)
     t_shift: float = 1.0  # > 1 moves training times towards noise: t' = s t / (1 + (s - 1) t)
@@ -59,8 +70,20 @@ class TrainConfig:
     sample_cfg: float = 2.0  # guidance scale for the sample grids
 
     def __post_init__(self):
-        if self.preset not in PRESETS:
-            raise TinyDiTError(f"unknown preset {self.preset!r}: use one of {', '.join(PRESETS)}")
+        if self.model not in MODEL_TYPES:
+            raise TinyDiTError(f"unknown --model {self.model!r}: use one of {', '.join(MODEL_TYPES)}")
+        kind = MODEL_TYPES[self.model]
+        if self.preset is None:
+            self.preset = kind.default_preset
+        if self.preset not in kind.presets:
+            raise TinyDiTError(f"unknown preset {self.preset!r} for --model {self.model}: use one of "
+                               f"{', '.join(kind.presets)}")  # fmt: skip
+        if self.cond is None:
+            self.cond = kind.conds[0]
+        if self.cond not in kind.conds:
+            hint = "; use --model dit for class labels" if self.model == "mmdit" else ""
+            raise TinyDiTError(f"--model {self.model} takes --cond {' or '.join(kind.conds)}, got {self.cond!r}{hint}")
+        self.holdout = self._resolve_holdout()
         if self.steps is None and self.minutes is None:
             self.steps = 2000
         if self.steps is not None and self.steps < 1:
@@ -92,6 +115,22 @@ class TrainConfig:
             raise TinyDiTError(f"--compile must be auto, on or off; got {self.compile!r}")
         if self.sample_cfg < 0:
             raise TinyDiTError(f"sample_cfg (guidance scale) must be >= 0, got {self.sample_cfg}")
+
+    def _resolve_holdout(self) -> str | None:
+        """The held-out phrases, written out in full ("" for none) for text runs; None for class runs."""
+        if self.cond != "text":
+            if self.holdout not in (None, "", "none"):
+                raise TinyDiTError(f"--holdout {self.holdout!r} removes captioned combinations from a text run; "
+                                   "add --cond text (or --model mmdit), or drop --holdout")  # fmt: skip
+            return None
+        if self.holdout is None:
+            from tinydit.data import canonical_name
+
+            return SHAPES_HOLDOUT if canonical_name(self.data) == "shapes" else ""
+        return ",".join(parse_phrases(self.holdout))
+
+    def held_out_phrases(self) -> tuple[str, ...]:
+        return parse_phrases(self.holdout or "")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -18,6 +18,12 @@ Built-in data (``load_dataset``):
 
 For training, each set is decoded once into a ``CachedDataset``: one uint8 tensor in memory, flipped
 on the fly. On a CPU this removes decoding, PIL and worker processes from the training loop.
+
+Every set from ``load_dataset`` also has one caption per image (``CachedDataset.captions``), for text
+conditioning: ``shapes`` its own ("a red circle on a blue background"), CIFAR-10 and Fashion-MNIST
+the class name in a template ("a photo of a sneaker", ``tinydit.text.CLASS_TEMPLATE``), an image
+folder the text of a sidecar file beside each image (``cat1.jpg`` -> ``cat1.txt``), else the name of
+the image's folder. None of them names left or right, so random flips keep every caption true.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from torchvision.transforms import v2
 
 from tinydit.errors import TinyDiTError
 from tinydit.images import from_uint8, to_uint8
+from tinydit.text import class_captions
 
 __all__ = [
     "CIFAR10_CLASSES",
@@ -54,6 +61,7 @@ __all__ = [
     "load_dataset",
     "canonical_name",
     "BUILTIN_DATASETS",
+    "folder_caption",
 ]
 
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer",
@@ -212,7 +220,7 @@ class CachedDataset(Dataset):
         self.labels = labels.to(torch.int64)
         self.classes = list(classes)
         self.flip = flip
-        self.captions: list[str] | None = None  # filled by data sets that have them (shapes)
+        self.captions: list[str] | None = None  # one per image; ``load_dataset`` fills them for every data set
 
     @classmethod
     def from_dataset(cls, dataset: Dataset, classes: list[str], flip: bool = False, desc: str = "decoding"):
@@ -355,7 +363,19 @@ def _decode_folder(root: Path, signature: tuple) -> tuple[CachedDataset, torch.T
     """Decode an image folder once (train and validation splits share it): all images, held-out mask."""
     folder = ImageFolderDataset(root, img_size=32, train=False)  # warns once per unreadable file
     held = torch.tensor([_held_out(p.relative_to(root)) for p in folder.paths])  # (N,) bool
-    return CachedDataset.from_dataset(folder, folder.classes), held
+    ds = CachedDataset.from_dataset(folder, folder.classes)
+    ds.captions = [folder_caption(p, root) for p in folder.paths]
+    return ds, held
+
+
+def folder_caption(path: Path, root: Path) -> str:
+    """An image's caption in a folder: its sidecar ``.txt`` (whitespace collapsed), else its folder's name."""
+    sidecar = path.with_suffix(".txt")
+    if sidecar.is_file():
+        text = " ".join(sidecar.read_text(errors="replace").split())
+        if text:
+            return text
+    return (path.parent if path.parent != root else root).name
 
 
 _ALIASES = {"fashion-mnist": "fashion-mnist", "fashionmnist": "fashion-mnist", "fmnist": "fashion-mnist",
@@ -395,8 +415,10 @@ def load_dataset(
         ds.captions = list(raw.captions)
     elif key == "fashion-mnist":
         ds = get_fashion_mnist(root, train=train, download=download)
+        ds.captions = class_captions(ds.labels.tolist(), ds.classes)
     elif key == "cifar10":
         ds = CachedCIFAR10(root, train=train, download=download)
+        ds.captions = class_captions(ds.labels.tolist(), ds.classes)
     elif Path(name).expanduser().exists():
         root = Path(name).expanduser().resolve()
         everything, held = _decode_folder(root, _folder_signature(root))

@@ -3,13 +3,17 @@
 Pipeline (``evaluate``):
 
 1. Samples come from a checkpoint (N class-balanced images, generated here with the given steps and
-   guidance) or from a file (.npz with ``images`` and optional ``labels``, or a folder of images).
+   guidance; a text model gets prompts, see ``eval_conditions``) or from a file (.npz with ``images``
+   and optional ``labels``, or a folder of images).
 2. Every image set, samples and reference alike, is converted the same way: to uint8 (N, C, S, S) at
    the data set's evaluation size (floats are taken to be in [-1, 1] and quantised first).
 3. Offline metrics in the data set's feature network space (``tinydit.features``): FID, KID,
    precision/recall and class consistency, named after the network (``fid_fmnist_cnn``, ...).
 4. Optionally the standard Inception FID (``tinydit.inception``); for data sets without an offline
    feature network (CIFAR-10, image folders) it is the only metric.
+5. For a text model trained on ``shapes``: prompt adherence (``tinydit.adherence``), the accuracy of the
+   shape, colour and background read back from each sample against its prompt, for prompts the model
+   saw and for held-out combinations (``adherence_<attribute>_<seen|held_out|all>``).
 
 Reference features are cached on disk, keyed by data set (and its size and renderer version),
 split, feature network and the SHA-256 of its weights.
@@ -35,7 +39,7 @@ from tinydit.images import to_uint8
 from tinydit.metrics import MIN_SAMPLES, feature_stats, frechet_distance, kid, precision_recall
 
 __all__ = ["EvalSpec", "eval_spec", "load_samples", "to_eval_images", "reference_images", "reference_features",
-           "evaluate", "generate_for_eval", "blur", "add_noise", "DEFAULT_CACHE"]  # fmt: skip
+           "evaluate", "eval_conditions", "generate_for_eval", "blur", "add_noise", "DEFAULT_CACHE"]  # fmt: skip
 
 DEFAULT_CACHE = Path.home() / ".cache" / "tinydit"
 
@@ -247,6 +251,41 @@ def evaluate(
     return out
 
 
+def eval_conditions(state: dict, n: int) -> tuple[torch.Tensor, torch.Tensor, list[dict] | None]:
+    """What n evaluation samples of a checkpoint are conditioned on: y (labels (n,), or caption ids
+    (n, L) for a text model), each sample's class (n,), and for a shapes text model its prompt's
+    attributes (for prompt adherence; else None).
+
+    Text prompts: for shapes every shape x colour x background combination in turn (``tinydit.adherence``),
+    held-out ones included; for CIFAR-10 and Fashion-MNIST the class template ("a photo of a sneaker");
+    for an image folder the folder's name. So the samples stay class-balanced, as for class models.
+    """
+    from tinydit.checkpoint import tokenizer_of
+    from tinydit.sampling import class_cycle
+    from tinydit.text import class_captions
+
+    classes, data = state["data"]["classes"], state["data"]["name"]
+    tokenizer = tokenizer_of(state)
+    if tokenizer is None:
+        labels = class_cycle(n, len(classes))
+        return labels, labels, None
+    attrs = None
+    if data == "shapes":
+        from tinydit.adherence import prompts_for
+        from tinydit.shapes import SHAPES, caption
+
+        attrs = prompts_for(n)
+        captions = [caption(a) for a in attrs]
+        labels = torch.tensor([SHAPES.index(a["shape"]) for a in attrs])
+    else:
+        labels = class_cycle(n, len(classes))
+        if data in ("cifar10", "fashion-mnist"):
+            captions = class_captions(labels.tolist(), classes)
+        else:  # an image folder: the caption of images without a sidecar file (tinydit.data.folder_caption)
+            captions = [Path(classes[i]).name or Path(data).name for i in labels.tolist()]
+    return tokenizer.encode(captions, warn=False), labels, attrs
+
+
 def generate_for_eval(
     checkpoint: str | Path,
     n: int,
@@ -265,10 +304,11 @@ def generate_for_eval(
     faster), so scores compare across machines.
 
     ``sampler`` and ``options`` (grid, shift, cfg_interval; rtol, atol) go to ``tinydit.sampling.generate``;
-    the info records them in full, defaults included.
+    the info records them in full, defaults included. For a text model trained on shapes the info also
+    holds the prompt-adherence scores of the samples (``adherence_*``, ``tinydit.adherence``).
     """
     from tinydit.checkpoint import load_model
-    from tinydit.sampling import class_cycle, generate, sampler_settings
+    from tinydit.sampling import generate, sampler_settings
 
     settings = sampler_settings(sampler, steps, cfg_scale, **options)  # checks them before any work
     if n < 1:
@@ -279,11 +319,17 @@ def generate_for_eval(
         raise TinyDiTError(f"{checkpoint} was trained on {trained_on}, not {data}; drop --data")
     eval_spec(trained_on)
     classes = state["data"]["classes"]
-    labels = class_cycle(n, len(classes))
+    y, labels, attrs = eval_conditions(state, n)
     started = time.perf_counter()
-    res = generate(model, labels, steps=steps, cfg_scale=cfg_scale, seed=seed, sampler=sampler, **options)
+    res = generate(model, y, steps=steps, cfg_scale=cfg_scale, seed=seed, sampler=sampler, **options)
     info = {"nfe_per_image": res.nfe, "generation_seconds": time.perf_counter() - started,
             "sampler": {**settings, "seed": seed}}  # fmt: skip
+    if attrs is not None:
+        from tinydit.adherence import flatten, score
+        from tinydit.text import parse_phrases
+
+        holdout = parse_phrases(state["train_config"].get("holdout") or "")
+        info.update(flatten(score(res.x, attrs, holdout)), adherence_holdout=",".join(holdout) or "none")
     return res.x, labels, trained_on, classes, info
 
 

@@ -1,13 +1,17 @@
 """The Diffusion Transformer (DiT; Peebles & Xie 2023, "Scalable Diffusion Models with Transformers").
 
-Architecture only: the model maps a noisy image, a time and a class label to a velocity shaped like
-the image. The loss lives in ``tinydit.flow``, guidance in ``tinydit.sampling``, optimisation and
-EMA in ``tinydit.train``.
+Architecture only: the model maps a noisy image, a time and a class label (or a caption) to a
+velocity shaped like the image. The loss lives in ``tinydit.flow``, guidance in ``tinydit.sampling``,
+optimisation and EMA in ``tinydit.train``.
 
     x (N, C, H, W) --patchify--> (N, T, D) + 2-D sin-cos positions (or 2-D RoPE inside attention)
     c = time_embed(t) + label_embed(y)                         (N, D)
+      (cond="text": c = time_embed(t) + pooled_embed(TextEncoder(y).pooled), y caption ids (N, L))
     depth x DiTBlock(x, c)   with adaLN-Zero modulation from c
     FinalLayer --unpatchify--> v (N, C, H, W)
+
+The text-conditioned DiT sees its caption only through the pooled vector in c: the baseline of the
+two-stream MMDiT (``tinydit.mmdit``), which builds on the pieces of this module.
 
 Switches from the post-2023 literature, each a ``DiTConfig`` field (see docs/ablation.md for what each
 one measured on Fashion-MNIST):
@@ -28,14 +32,15 @@ from torch import nn
 
 from tinydit.errors import TinyDiTError
 
-__all__ = ["DiTConfig", "DiT", "PRESETS", "DEFAULT_PRESET", "SWITCHES", "ORIGINAL_BLOCK", "get_preset",
-           "count_params", "rope_2d", "apply_rope", "swiglu_hidden"]  # fmt: skip
+__all__ = ["DiTConfig", "DiT", "PRESETS", "DEFAULT_PRESET", "SWITCHES", "ORIGINAL_BLOCK", "CONDS", "get_preset",
+           "count_params", "rope_2d", "apply_rope", "swiglu_hidden", "make_mlp", "AdaLN"]  # fmt: skip
 
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu")
 POSITIONS = ("sincos", "rope")
 PREDICTIONS = ("v", "x")
 X_PRED_T_MIN = 0.05  # x-prediction divides by t; below this t the division is clipped (JiT, Li & He 2025)
+CONDS = ("class", "text")
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,10 @@ class DiTConfig:
     pos: str = "sincos"  # sincos: fixed 2-D sin-cos added to the tokens | rope: 2-D axial RoPE on q and k
     shortcut: bool = False  # also condition on the step size d, for few-step sampling (tinydit.shortcut)
     pred: str = "v"  # what the network outputs: v (the velocity itself) | x (clean image; v derived from it)
+    cond: str = "class"  # class: y is a label (N,) | text: y is caption token ids (N, L) (tinydit.text)
+    vocab_size: int = 0  # text: the tokenizer's vocabulary, special tokens included (set from the data)
+    text_len: int = 0  # text: L, token ids per caption: BOS + the longest training caption (set from the data)
+    text_depth: int = 2  # text: transformer layers of the text encoder (width dim, n_heads heads, same MLP)
 
     def __post_init__(self):
         for name in ("img_size", "in_channels", "patch_size", "dim", "depth", "n_heads", "n_classes"):
@@ -76,6 +85,16 @@ class DiTConfig:
                 raise TinyDiTError(f"DiTConfig.{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         if self.pos == "rope" and self.head_dim % 4:
             raise TinyDiTError(f"2-D RoPE needs a head dim divisible by 4 (dim / n_heads), got {self.head_dim}")
+        if self.cond not in CONDS:
+            raise TinyDiTError(f"DiTConfig.cond must be one of {', '.join(CONDS)}, got {self.cond!r}")
+        if self.cond == "text":
+            if self.vocab_size < 4 or self.text_len < 1:
+                raise TinyDiTError(
+                    f"a text-conditioned model needs vocab_size >= 4 and text_len >= 1 (got {self.vocab_size} and "
+                    f"{self.text_len}): take both from the tokenizer (Tokenizer.vocab_size, Tokenizer.max_len)"
+                )
+            if self.text_depth < 0:
+                raise TinyDiTError(f"DiTConfig.text_depth must be >= 0, got {self.text_depth}")
 
     @property
     def head_dim(self) -> int:
@@ -104,12 +123,15 @@ class DiTConfig:
 # Presets fix the trunk (width, depth, heads, patch). Names carry the real parameter count, measured
 # for 32x32 RGB with 10 classes (tests/test_model.py checks each name against count_params).
 PRESETS: dict[str, dict] = {
-    "dit-0.2m": dict(dim=64, depth=2, n_heads=2, patch_size=4),  # smoke tests: seconds per run
+    # Every preset predicts the clean image (pred="x", JiT): at equal steps it reached the v-predicting
+    # model's validation loss in a quarter of the steps on 3-channel shapes, and a lower one on
+    # Fashion-MNIST after 2,000 steps (docs/ablation.md). Checkpoints without the field load as pred="v".
+    "dit-0.2m": dict(dim=64, depth=2, n_heads=2, patch_size=4, pred="x"),  # smoke tests: seconds per run
     # The CPU preset: minutes per run. SwiGLU is its one switch that won the equal-time ablation on
     # Fashion-MNIST (docs/ablation.md); RMSNorm, QK-norm and RoPE each scored worse and stay off.
-    "dit-1.9m": dict(dim=128, depth=6, n_heads=4, patch_size=4, mlp="swiglu"),
-    "dit-9.8m": dict(dim=256, depth=8, n_heads=4, patch_size=4),  # a laptop hour, or a GPU
-    "dit-32m": dict(dim=384, depth=12, n_heads=6, patch_size=2),  # GPU: 256 tokens per 32x32 image
+    "dit-1.9m": dict(dim=128, depth=6, n_heads=4, patch_size=4, mlp="swiglu", pred="x"),
+    "dit-9.8m": dict(dim=256, depth=8, n_heads=4, patch_size=4, pred="x"),  # a laptop hour, or a GPU
+    "dit-32m": dict(dim=384, depth=12, n_heads=6, patch_size=2, pred="x"),  # GPU: 256 tokens per 32x32 image
 }
 DEFAULT_PRESET = "dit-1.9m"
 
@@ -221,28 +243,38 @@ class QKNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention: one fused QKV projection, optional QK-norm and RoPE, PyTorch's SDPA."""
+    """Multi-head self-attention: one fused QKV projection, optional QK-norm and RoPE, PyTorch's SDPA.
 
-    def __init__(self, dim: int, n_heads: int, qk_norm: bool = False):
+    ``queries=False`` keeps only the key and value projections (no queries, no output projection): the
+    text stream of MMDiT's last joint block, whose own output is never used (``tinydit.mmdit``).
+    """
+
+    def __init__(self, dim: int, n_heads: int, qk_norm: bool = False, queries: bool = True):
         super().__init__()
         self.n_heads = n_heads
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
+        self.n_proj = 3 if queries else 2  # q, k, v or k, v
+        self.qkv = nn.Linear(dim, self.n_proj * dim)
+        self.proj = nn.Linear(dim, dim) if queries else None
         head_dim = dim // n_heads
         # QK-norm bounds every logit by sqrt(Dh) * gain^2, whatever the size of x (ViT-22B, SD3).
-        self.q_norm = QKNorm(head_dim) if qk_norm else nn.Identity()
+        self.q_norm = QKNorm(head_dim) if qk_norm and queries else nn.Identity()
         self.k_norm = QKNorm(head_dim) if qk_norm else nn.Identity()
 
     def heads(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x (N, T, D) -> q, k, v, each (N, h, T, Dh), normalised and rotated as configured."""
+    ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        """x (N, T, D) -> q, k, v, each (N, h, T, Dh), normalised and rotated as configured (q None if
+        the module has no queries)."""
         n, t, d = x.shape
-        qkv = self.qkv(x).reshape(n, t, 3, self.n_heads, d // self.n_heads)  # (N, T, 3, h, Dh)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (N, h, T, Dh)
-        q, k = self.q_norm(q), self.k_norm(k)
+        qkv = self.qkv(x).reshape(n, t, self.n_proj, self.n_heads, d // self.n_heads)  # (N, T, 3 or 2, h, Dh)
+        parts = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 or 2 x (N, h, T, Dh)
+        q, k, v = parts if self.proj is not None else (None, *parts)
+        k = self.k_norm(k)
+        if q is not None:
+            q = self.q_norm(q)
         if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+            k = apply_rope(k, *rope)
+            q = apply_rope(q, *rope) if q is not None else None
         return q, k, v
 
     def forward(
@@ -294,6 +326,21 @@ class SwiGLU(nn.Module):
         return self.fc2(F.silu(gate) * up)
 
 
+def make_mlp(kind: str, dim: int, mlp_ratio: float) -> nn.Module:
+    """The block MLP the config names: GELU with hidden width mlp_ratio * dim, or SwiGLU with as many weights."""
+    if kind == "swiglu":
+        return SwiGLU(dim, swiglu_hidden(dim, mlp_ratio))
+    return Mlp(dim, int(dim * mlp_ratio))
+
+
+class AdaLN(nn.Sequential):
+    """c (N, D) -> n modulation vectors (N, n * D) through SiLU and one linear map; the map is zeroed at
+    initialisation (adaLN-Zero, DiT section 3.2), so whatever it modulates starts as the identity."""
+
+    def __init__(self, dim: int, n: int):
+        super().__init__(nn.SiLU(), nn.Linear(dim, n * dim))
+
+
 class DiTBlock(nn.Module):
     """Pre-norm transformer block whose norms are modulated by c (adaLN-Zero, DiT section 3.2).
 
@@ -307,19 +354,22 @@ class DiTBlock(nn.Module):
         self.norm1 = make_norm(cfg.norm, dim)
         self.attn = Attention(dim, cfg.n_heads, cfg.qk_norm)
         self.norm2 = make_norm(cfg.norm, dim)
-        if cfg.mlp == "swiglu":
-            self.mlp = SwiGLU(dim, swiglu_hidden(dim, cfg.mlp_ratio))
-        else:
-            self.mlp = Mlp(dim, int(dim * cfg.mlp_ratio))
-        self.adaLN = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
+        self.mlp = make_mlp(cfg.mlp, dim, cfg.mlp_ratio)
+        self.adaLN = AdaLN(dim, 6)
 
     def forward(
-        self, x: torch.Tensor, c: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None
+        self,
+        x: torch.Tensor,
+        c: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        attn_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """x (N, T, D), c (N, D) -> (N, T, D)"""
+        """x (N, T, D), c (N, D) -> (N, T, D). attn_mask: bool (N, 1, 1, T), True = may attend (MMDiT's
+        single-stream blocks mask the caption's padding)."""
         shift1, scale1, gate1, shift2, scale2, gate2 = self.adaLN(c).chunk(6, dim=1)  # 6 x (N, D)
         # Gated residuals, each as one fused pass: x + gate * branch.
-        x = torch.addcmul(x, gate1.unsqueeze(1), self.attn(modulate(self.norm1(x), shift1, scale1), rope))
+        attn = self.attn(modulate(self.norm1(x), shift1, scale1), rope, attn_mask)
+        x = torch.addcmul(x, gate1.unsqueeze(1), attn)
         x = torch.addcmul(x, gate2.unsqueeze(1), self.mlp(modulate(self.norm2(x), shift2, scale2)))
         return x
 
@@ -328,7 +378,7 @@ class FinalLayer(nn.Module):
     def __init__(self, dim: int, patch_dim: int, norm: str = "layernorm"):
         super().__init__()
         self.norm = make_norm(norm, dim)
-        self.adaLN = nn.Sequential(nn.SiLU(), nn.Linear(dim, 2 * dim))
+        self.adaLN = AdaLN(dim, 2)
         self.linear = nn.Linear(dim, patch_dim)
 
     def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
@@ -338,11 +388,16 @@ class FinalLayer(nn.Module):
 
 
 class DiT(nn.Module):
-    """Class-conditional DiT predicting the flow-matching velocity.
+    """DiT predicting the flow-matching velocity, conditioned on a class label or on a caption.
 
     forward(x, t, y):
-        x: (N, C, H, W) noisy images,  t: (N,) times in [0, 1],  y: (N,) int64 labels in
-        [0, n_classes]; ``y == n_classes`` (or ``y=None``) is the unconditional "null" label.
+        x: (N, C, H, W) noisy images,  t: (N,) times in [0, 1],
+        y: class models (``cond="class"``): (N,) int64 labels in [0, n_classes]; ``y == n_classes`` is the
+           unconditional "null" label;
+           text models (``cond="text"``): (N, L) int64 caption token ids from ``tinydit.text.Tokenizer``;
+           the empty caption (BOS, then padding) is the unconditional input. A text DiT sees the caption
+           only through its pooled vector, added to c (the baseline that ``tinydit.mmdit`` is measured
+           against); ``y=None`` is the unconditional input of either kind.
         returns v: (N, C, H, W)
     """
 
@@ -359,17 +414,37 @@ class DiT(nn.Module):
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.t_embed = TimestepEmbedder(cfg.dim)
-        self.y_embed = nn.Embedding(cfg.n_classes + 1, cfg.dim)  # the last row is the null label
+        if cfg.cond == "class":
+            self.y_embed = nn.Embedding(cfg.n_classes + 1, cfg.dim)  # the last row is the null label
+        else:
+            from tinydit.text import TextEncoder  # a local import: tinydit.text builds on this module's layers
+
+            self.text = TextEncoder(cfg.vocab_size, cfg.text_len, cfg.dim, cfg.text_depth, cfg.n_heads, cfg.mlp,
+                                    cfg.mlp_ratio)  # fmt: skip
+            # The pooled caption joins c like SD3's pooled CLIP vector: through a small MLP (SD3 fig. 2).
+            self.pooled_embed = nn.Sequential(nn.Linear(cfg.dim, cfg.dim), nn.SiLU(), nn.Linear(cfg.dim, cfg.dim))
         # Shortcut models (Frans et al. 2024) see the step size d the sampler will take; d = 0 asks for
         # the instantaneous velocity, so with d = 0 the model is an ordinary flow model.
         self.d_embed = TimestepEmbedder(cfg.dim) if cfg.shortcut else None
-        self.blocks = nn.ModuleList(DiTBlock(cfg) for _ in range(cfg.depth))
+        self.build_blocks(cfg)
         self.final = FinalLayer(cfg.dim, cfg.patch_size**2 * cfg.in_channels, cfg.norm)
         self.reset_parameters()
+
+    def build_blocks(self, cfg: DiTConfig) -> None:
+        """The transformer trunk between the embeddings and the final layer (MMDiT builds its own)."""
+        self.blocks = nn.ModuleList(DiTBlock(cfg) for _ in range(cfg.depth))
 
     @property
     def null_class(self) -> int:
         return self.config.n_classes
+
+    def null_condition(self, y: torch.Tensor) -> torch.Tensor:
+        """The unconditional input shaped like y, for guidance: the null label (N,) or the empty caption (N, L)."""
+        if self.config.cond == "text":
+            from tinydit.text import empty_like
+
+            return empty_like(y)
+        return torch.full_like(y, self.null_class)
 
     def reset_parameters(self) -> None:
         """All initialisation in one place (DiT): Xavier linears, zeroed adaLN and output layers."""
@@ -380,23 +455,27 @@ class DiT(nn.Module):
         w = self.patch_embed.weight
         nn.init.xavier_uniform_(w.view(w.shape[0], -1))  # like a Linear over flattened patches
         nn.init.zeros_(self.patch_embed.bias)
-        nn.init.normal_(self.y_embed.weight, std=0.02)
+        if self.config.cond == "class":
+            nn.init.normal_(self.y_embed.weight, std=0.02)
+        else:
+            nn.init.normal_(self.text.tok_embed.weight, std=0.02)
+            nn.init.normal_(self.text.pos_embed, std=0.02)
         for layer in (self.t_embed.mlp[0], self.t_embed.mlp[2]):
             nn.init.normal_(layer.weight, std=0.02)
         if self.d_embed is not None:  # starts at zero: the step size only matters once it is learned
             nn.init.normal_(self.d_embed.mlp[0].weight, std=0.02)
             nn.init.zeros_(self.d_embed.mlp[2].weight)
-        for block in self.blocks:  # adaLN-Zero: each block starts as the identity
-            nn.init.zeros_(block.adaLN[-1].weight)
-            nn.init.zeros_(block.adaLN[-1].bias)
-        nn.init.zeros_(self.final.adaLN[-1].weight)
-        nn.init.zeros_(self.final.adaLN[-1].bias)
+        for m in self.modules():  # adaLN-Zero: every block (and the final layer) starts as the identity
+            if isinstance(m, AdaLN):
+                nn.init.zeros_(m[-1].weight)
+                nn.init.zeros_(m[-1].bias)
         nn.init.zeros_(self.final.linear.weight)  # the model predicts exactly zero at initialisation
         nn.init.zeros_(self.final.linear.bias)
 
     def token_params(self) -> int:
         """Weights of the linear maps applied to every token (patch embedding, QKV, projections, MLPs,
-        output); the per-image conditioning MLPs are left out, as in nanoGPT's and PaLM's FLOP counts."""
+        output); the per-image conditioning MLPs and the text encoder are left out, as in nanoGPT's and
+        PaLM's FLOP counts."""
         per_token = [self.patch_embed, self.final.linear]
         for block in self.blocks:
             per_token += [block.attn.qkv, block.attn.proj, block.mlp.fc1, block.mlp.fc2]
@@ -418,19 +497,8 @@ class DiT(nn.Module):
         x = x.permute(0, 5, 1, 3, 2, 4)  # (N, C, gh, ph, gw, pw)
         return x.reshape(n, c, g * p, g * p)  # (N, C, H, W)
 
-    def condition(self, t: torch.Tensor, y: torch.Tensor | None, d: torch.Tensor | None = None) -> torch.Tensor:
-        if y is None:
-            y = torch.full_like(t, self.null_class, dtype=torch.long)
-        c = self.t_embed(t) + self.y_embed(y)  # (N, D)
-        if self.d_embed is not None:
-            c = c + self.d_embed(torch.zeros_like(t) if d is None else d)
-        return c
-
-    def forward(
-        self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None, d: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """x (N, C, H, W), t (N,), y (N,) or None, d (N,) step sizes or None (shortcut models only)
-        -> v (N, C, H, W)"""
+    def embed_image(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """x (N, C, H, W) -> tokens (N, T, D) with their positions, and the RoPE angles (or None)."""
         cfg = self.config
         if x.shape[1:] != (cfg.in_channels, cfg.img_size, cfg.img_size):
             raise TinyDiTError(
@@ -438,20 +506,53 @@ class DiT(nn.Module):
                 f"got {tuple(x.shape)}"
             )
         tokens = self.patchify(x)  # (N, T, D)
-        rope = None
         if self.pos_embed is not None:
-            tokens = tokens + self.pos_embed
+            return tokens + self.pos_embed, None
+        return tokens, (self.rope_cos, self.rope_sin)
+
+    def condition(
+        self, t: torch.Tensor, y: torch.Tensor | None, d: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """c (N, D) from t (N,), y and d (N,); text models also return the caption's tokens ctx (N, L, D)
+        and keep (N, L), True where a token is not padding (class models: None, None)."""
+        cfg = self.config
+        if y is None:
+            shape = (t.shape[0], cfg.text_len) if cfg.cond == "text" else (t.shape[0],)
+            y = self.null_condition(torch.zeros(shape, dtype=torch.long, device=t.device))
+        want = 2 if cfg.cond == "text" else 1
+        if y.dim() != want:
+            what = "caption token ids (N, L) from its tokenizer" if want == 2 else "class labels (N,)"
+            raise TinyDiTError(f"this {cfg.cond}-conditioned model takes y as {what}, got shape {tuple(y.shape)}")
+        ctx = keep = None
+        if cfg.cond == "class":
+            c = self.t_embed(t) + self.y_embed(y)  # (N, D)
         else:
-            rope = (self.rope_cos, self.rope_sin)
-        c = self.condition(t, y, d)  # (N, D)
+            ctx, pooled, keep = self.text(y)  # (N, L, D), (N, D), (N, L)
+            c = self.t_embed(t) + self.pooled_embed(pooled)  # (N, D)
+        if self.d_embed is not None:
+            c = c + self.d_embed(torch.zeros_like(t) if d is None else d)
+        return c, ctx, keep
+
+    def forward(
+        self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None, d: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """x (N, C, H, W), t (N,), y (N,) labels or (N, L) token ids or None, d (N,) step sizes or None
+        (shortcut models only) -> v (N, C, H, W)"""
+        tokens, rope = self.embed_image(x)  # (N, T, D)
+        c, _, _ = self.condition(t, y, d)  # (N, D); a text DiT reads the caption only through c
         for block in self.blocks:
             tokens = block(tokens, c, rope)
-        out = self.unpatchify(self.final(tokens, c))  # (N, C, H, W)
-        if cfg.pred == "v":
+        return self.velocity(x, t, self.unpatchify(self.final(tokens, c)))  # (N, C, H, W)
+
+    def velocity(self, x: torch.Tensor, t: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """The velocity (N, C, H, W) from the network's output ``out`` for x_t (N, C, H, W) at t (N,).
+
+        x-prediction (JiT, Li & He 2025): the network outputs the clean image, which lies near a
+        low-dimensional manifold, and the velocity follows from the path, v = (x_t - x0) / t. A v- (or
+        noise-) predicting network must instead carry the full-rank noise of every patch through its
+        width: with 3-channel 4x4 patches (48 values) and a 64-wide token it cannot (docs/ablation.md).
+        """
+        if self.config.pred == "v":
             return out
-        # x-prediction (JiT, Li & He 2025): the network outputs the clean image, which lies near a
-        # low-dimensional manifold, and the velocity follows from the path, v = (x_t - x0) / t. A v- (or
-        # noise-) predicting network must instead carry the full-rank noise of every patch through its
-        # width: with 3-channel 4x4 patches (48 values) and a 64-wide token, it cannot.
         t_ = t.to(out.dtype).clamp(min=X_PRED_T_MIN).view(-1, 1, 1, 1)  # (N, 1, 1, 1)
         return (x - out) / t_

@@ -5,7 +5,7 @@ See ``tinydit.flow`` for the time convention. Every sampler has the same signatu
     sampler(model, noise, y, steps, cfg_scale, *, grid="uniform", shift=None, cfg_interval=None)
         -> SampleResult(x, nfe)
 
-    noise: (N, C, H, W) at t = 1,  y: (N,) labels,  returns x: (N, C, H, W) at t = 0
+    noise: (N, C, H, W) at t = 1,  y: (N,) labels or (N, L) caption ids,  returns x: (N, C, H, W) at t = 0
 
 and reports ``nfe``: the exact number of model evaluations per image. With guidance on, one velocity
 evaluates the model on the conditional and the unconditional input (batched into one forward pass),
@@ -33,8 +33,9 @@ from tinydit.errors import TinyDiTError
 from tinydit.grids import DEFAULT_SHIFT, GRIDS, check_grid, shifted_grid, time_grid, uniform_grid
 
 __all__ = ["SampleResult", "SAMPLERS", "GRIDS", "DEFAULT_SHIFT", "sample", "check_sampler_args", "uniform_grid",
-           "shifted_grid", "time_grid", "guided_velocity", "euler_sample", "heun_sample", "midpoint_sample",
-           "dopri5_sample", "sampler_settings", "generate", "class_cycle", "resolve_labels"]  # fmt: skip
+           "shifted_grid", "time_grid", "null_condition", "guided_velocity", "euler_sample", "heun_sample",
+           "midpoint_sample", "dopri5_sample", "sampler_settings", "generate", "class_cycle",
+           "resolve_labels", "resolve_prompts"]  # fmt: skip
 
 
 @dataclass
@@ -78,18 +79,29 @@ def check_sampler_args(
 # --- classifier-free guidance -------------------------------------------------------------------------------
 
 
+def null_condition(model: nn.Module, y: torch.Tensor) -> torch.Tensor:
+    """The unconditional input for y, shaped like it: the model's own (``DiT.null_condition``: the null
+    label, or the empty caption of a text model), else the label ``model.config.n_classes``."""
+    make = getattr(model, "null_condition", None)
+    return make(y) if make is not None else torch.full_like(y, model.config.n_classes)
+
+
 def guided_velocity(
     model: nn.Module,
     x: torch.Tensor,
     t: torch.Tensor,
     y: torch.Tensor,
     cfg_scale: float,
-    null_class: int,
+    null_class: int | None = None,
     d: torch.Tensor | None = None,
+    *,
+    null: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, int]:
     """Classifier-free guidance (Ho & Salimans 2022): v = v_uncond + s (v_cond - v_uncond).
 
-    x: (N, C, H, W), t and y: (N,). Returns (v, model evaluations per image). At s = 1 this is the
+    x: (N, C, H, W), t: (N,), y: (N,) labels or (N, L) caption ids. The unconditional input is ``null``
+    (shaped like y) if given, else the label ``null_class`` if given, else ``null_condition(model, y)``
+    (the empty caption for text models). Returns (v, model evaluations per image). At s = 1 this is the
     conditional prediction alone, computed with one evaluation; otherwise the conditional and the
     unconditional inputs go through the model as one batch of 2N. ``d`` (N,): the step size, passed
     only to shortcut models (``tinydit.shortcut``).
@@ -97,7 +109,8 @@ def guided_velocity(
     extra = () if d is None else (d,)
     if cfg_scale == 1.0:
         return model(x, t, y, *extra), 1
-    null = torch.full_like(y, null_class)
+    if null is None:
+        null = torch.full_like(y, null_class) if null_class is not None else null_condition(model, y)
     extra = () if d is None else (torch.cat([d, d]),)
     v = model(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, null]), *extra)  # one pass (2N, C, H, W)
     v_cond, v_uncond = v.chunk(2)  # (N, C, H, W) each
@@ -113,6 +126,7 @@ class _Velocity:
 
     def __init__(self, model: nn.Module, y: torch.Tensor, cfg_scale: float, cfg_interval: tuple[float, float] | None):
         self.model, self.y, self.cfg_scale = model, y, cfg_scale
+        self.null = null_condition(model, y) if cfg_scale != 1.0 else None  # the same at every step
         self.lo, self.hi = (0.0, 1.0) if cfg_interval is None else (float(cfg_interval[0]), float(cfg_interval[1]))
         self.nfe = 0  # model evaluations per image so far
 
@@ -128,7 +142,7 @@ class _Velocity:
         dd = None
         if getattr(self.model.config, "shortcut", False):
             dd = torch.full_like(tt, 0.0 if d is None else d)  # (N,); 0 = the instantaneous velocity
-        v, evals = guided_velocity(self.model, x, tt, self.y, scale, self.model.config.n_classes, dd)
+        v, evals = guided_velocity(self.model, x, tt, self.y, scale, d=dd, null=self.null)
         self.nfe += evals
         return v
 
@@ -373,7 +387,8 @@ def generate(
     sampler: str = "euler",
     **options,
 ) -> SampleResult:
-    """Samples for labels y (N,), in batches, with the sampler called ``sampler`` and its ``options``.
+    """Samples for labels y (N,) or caption ids (N, L), in batches, with the sampler called ``sampler``
+    and its ``options``.
 
     The noise for all N images is drawn first from one generator seeded with ``seed``, so with a
     fixed-step sampler image i does not depend on the batch size, and the same seed gives the same
@@ -420,3 +435,14 @@ def resolve_labels(specs: list[str] | None, classes: list[str], n: int) -> torch
                     f"unknown class {item!r}: this model knows {', '.join(classes)} (or ids 0-{len(classes) - 1})"
                 )
     return torch.tensor(ids, dtype=torch.long)[torch.arange(n) % len(ids)]
+
+
+def resolve_prompts(prompts: list[str], tokenizer, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Caption ids (P n, L) for n images of each of P prompts, prompt after prompt, and each image's
+    prompt index (P n,). Unknown words warn by name (``tinydit.text.Tokenizer.encode``)."""
+    if n < 1:
+        raise TinyDiTError(f"--n must be >= 1, got {n}")
+    if not prompts:
+        raise TinyDiTError("no prompt given: pass --prompt TEXT (repeat it for rows of a grid)")
+    index = torch.arange(len(prompts)).repeat_interleave(n)  # (P n,): row p holds prompt p
+    return tokenizer.encode(list(prompts))[index], index

@@ -27,11 +27,11 @@ import torch
 from tqdm import tqdm
 
 from tinydit.errors import TinyDiTError
-from tinydit.evaluate import DEFAULT_CACHE, eval_spec, evaluate
+from tinydit.evaluate import DEFAULT_CACHE, eval_conditions, eval_spec, evaluate
 from tinydit.export import write_atomic
 from tinydit.metrics import MIN_SAMPLES
 from tinydit.plot import MARKERS, line_plot
-from tinydit.sampling import SAMPLERS, class_cycle, generate, sampler_settings
+from tinydit.sampling import SAMPLERS, generate, sampler_settings
 
 __all__ = ["parse_list", "sweep_points", "run_sweep", "write_sweep", "DOPRI5_FIRST_STEPS"]
 
@@ -131,7 +131,7 @@ def run_sweep(
     reused = sum(json.dumps(p, sort_keys=True) in done for p in points)
     if reused:
         print(f"continuing the sweep in {out}: {reused} of {len(points)} settings are done", file=sys.stderr)
-    labels = class_cycle(n, len(state["data"]["classes"]))
+    y, labels, _ = eval_conditions(state, n)  # labels, or prompts for a text model
     rows: list[dict] = []
     bar = tqdm(points, desc="sweep", unit="setting", disable=not progress, file=sys.stderr, dynamic_ncols=True)
     for point in bar:
@@ -143,7 +143,7 @@ def run_sweep(
             continue
         kwargs = _sampler_kwargs(point, options)
         started = time.perf_counter()
-        res = generate(model, labels, seed=seed, batch_size=batch_size, **kwargs)
+        res = generate(model, y, seed=seed, batch_size=batch_size, **kwargs)
         seconds = time.perf_counter() - started
         metrics = evaluate(res.x, labels, data, split=split, root=root, cache_dir=cache_dir)
         scores = {k: v for k, v in metrics.items() if not isinstance(v, dict)}

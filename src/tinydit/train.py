@@ -5,6 +5,11 @@ Exact resumption: every random draw of step s (which images, their flips, times,
 dropout) comes from a generator seeded with (seed, s), and the batch order of epoch e from one seeded
 with (seed, e). A checkpoint therefore only needs the weights, EMA, optimizer state and step, and on
 a CPU in fp32 a run stopped and resumed ends with exactly the weights of an uninterrupted one.
+
+Text runs (``cond="text"``, always for MMDiT): the tokenizer is built once from the training captions
+(after the held-out combinations are removed) and stored in the checkpoint; every caption is encoded
+once, at set-up, into one LongTensor (N, L), and a batch's ``y`` is its rows. Guidance dropout swaps in
+the empty caption instead of the null label.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,10 +35,12 @@ from tinydit.data import canonical_name, load_dataset
 from tinydit.errors import TinyDiTError
 from tinydit.flow import N_T_BINS, flow_loss, sample_t, t_bins
 from tinydit.images import save_grid
-from tinydit.model import DiT, DiTConfig, count_params, get_preset
+from tinydit.model import count_params
+from tinydit.registry import build_model, config_from_dict, preset_config
 from tinydit.runtime import autocast, make_grad_scaler, maybe_compile, resolve_compile, resolve_precision
 from tinydit.sampling import class_cycle, euler_sample
 from tinydit.shortcut import n_self_consistency, shortcut_loss
+from tinydit.text import Tokenizer, holds_phrase
 
 __all__ = ["Trainer", "TrainResult", "resolve_device", "ema_update", "ensure_writable_dir"]
 
@@ -116,7 +124,7 @@ class TrainResult:
 
 
 class Trainer:
-    """Trains a DiT with flow matching as ``cfg`` says, continuing ``cfg.out`` if it holds a run."""
+    """Trains a DiT or an MMDiT with flow matching as ``cfg`` says, continuing ``cfg.out`` if it holds a run."""
 
     def __init__(self, cfg: TrainConfig, overwrite: bool = False, require_resume: bool = False, progress: bool = True):
         self.cfg = cfg
@@ -138,26 +146,35 @@ class Trainer:
         self.data_name = canonical_name(cfg.data)
         self.train_set = load_dataset(cfg.data, train=True, root=cfg.data_root, limit=cfg.limit)
         self.val_set = load_dataset(cfg.data, train=False, root=cfg.data_root, limit=cfg.val_size)
+        self.text = cfg.cond == "text"
+        self.n_held_out = 0
+        data = dict(img_size=self.train_set.img_size, in_channels=self.train_set.channels,
+                    n_classes=len(self.train_set.classes))  # fmt: skip
+        self.tokenizer: Tokenizer | None = None
+        self.train_tokens = self.val_tokens = None  # text runs: every caption's ids, (N, L) int64
+        if self.text:
+            self.train_set = self._hold_out(self.train_set, cfg.held_out_phrases())
+            stored_tok = state.get("tokenizer") if state is not None else None
+            self.tokenizer = (Tokenizer.from_dict(stored_tok) if stored_tok is not None
+                              else Tokenizer.from_captions(self.train_set.captions))  # fmt: skip
+            self.train_tokens = self.tokenizer.encode(self.train_set.captions)
+            self.val_tokens = self.tokenizer.encode(self.val_set.captions, warn=False)  # unseen words: <unk>
+            data.update(vocab_size=self.tokenizer.vocab_size, text_len=self.tokenizer.max_len)
+        self.prompts = self._grid_prompts() if self.text else []
         self.batch_size = min(cfg.batch_size, len(self.train_set))
         self.steps_per_epoch = len(self.train_set) // self.batch_size
-        self.model_config = get_preset(
-            cfg.preset,
-            img_size=self.train_set.img_size,
-            in_channels=self.train_set.channels,
-            n_classes=len(self.train_set.classes),
-            **cfg.arch_overrides(),
-            shortcut=cfg.few_step == "shortcut",
+        self.model_config = preset_config(
+            cfg.model, cfg.preset, **data, **cfg.arch_overrides(), shortcut=cfg.few_step == "shortcut", cond=cfg.cond
         )
         if state is not None:
             # A run keeps the architecture it started with, even if its preset has changed since
             # (presets follow the ablations); only the data's shape must still match.
-            stored = DiTConfig.from_dict(state["model_config"])
-            data_fields = ("img_size", "in_channels", "n_classes")
-            if all(getattr(stored, f) == getattr(self.model_config, f) for f in data_fields):
+            stored = config_from_dict(cfg.model, state["model_config"])
+            if all(getattr(stored, f) == getattr(self.model_config, f) for f in data):
                 self.model_config = stored
 
         torch.manual_seed(cfg.seed)
-        self.model = DiT(self.model_config).to(self.device)  # fp32 master weights, saved as they are
+        self.model = build_model(cfg.model, self.model_config).to(self.device)  # fp32 master weights, saved as they are
         self.ema = copy.deepcopy(self.model).requires_grad_(False).eval()
         self.opt = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=cfg.weight_decay
@@ -178,6 +195,39 @@ class Trainer:
         self._perm_epoch, self._perm = -1, torch.empty(0, dtype=torch.long)
         self._write_config()
 
+    # ---------------------------------------------------------------------------------- text data
+
+    def _hold_out(self, ds, phrases: tuple[str, ...]):
+        """The training set without the images whose caption holds a held-out phrase (``--holdout``)."""
+        if not phrases:
+            return ds
+        held = [holds_phrase(c, phrases) for c in ds.captions]
+        for phrase in phrases:
+            if not any(holds_phrase(c, (phrase,)) for c, h in zip(ds.captions, held, strict=True) if h):
+                warnings.warn(f"--holdout phrase {phrase!r} matches no training caption, so it holds nothing out",
+                              stacklevel=3)  # fmt: skip
+        keep = [i for i, h in enumerate(held) if not h]
+        if not keep:
+            raise TinyDiTError(f"--holdout {self.cfg.holdout!r} removes every training image; hold out less")
+        self.n_held_out = len(ds) - len(keep)
+        return ds.subset(keep) if self.n_held_out else ds
+
+    def _grid_prompts(self) -> list[str]:
+        """The prompts of the sample grids, one row each: for shapes a fixed list (held-out combinations
+        included), else the first 8 distinct training captions."""
+        if self.data_name == "shapes":
+            from tinydit.adherence import GRID_PROMPTS
+
+            return list(GRID_PROMPTS)
+        return list(dict.fromkeys(self.train_set.captions))[:8]
+
+    def _batch(self, ds, tokens: torch.Tensor | None, idx: torch.Tensor, generator=None):
+        """Images (B, C, H, W) and their conditions: labels (B,), or caption ids (B, L) in text runs."""
+        x, y = ds.batch(idx, generator=generator, device=self.device)
+        if tokens is not None:
+            y = tokens[idx].to(self.device, non_blocking=True)
+        return x, y
+
     # ---------------------------------------------------------------------------------- run state
 
     def _check_same_run(self, state: dict) -> None:
@@ -197,7 +247,7 @@ class Trainer:
             )
 
     def _restore(self, state: dict) -> None:
-        if DiTConfig.from_dict(state["model_config"]) != self.model_config:
+        if config_from_dict(self.cfg.model, state["model_config"]) != self.model_config:
             raise TinyDiTError(
                 f"{self.ckpt_path} holds another model ({state['model_config']}); choose another --out"
             )
@@ -218,14 +268,18 @@ class Trainer:
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
 
     def state_dict(self) -> dict:
+        text = {"tokenizer": self.tokenizer.to_dict()} if self.text else {}
         return {
+            "model_type": self.cfg.model,
             "model_config": self.model_config.to_dict(),
+            **text,
             "train_config": self.cfg.to_dict(),
             "data": {
                 "name": self.data_name,
                 "classes": list(self.train_set.classes),
                 "channels": self.train_set.channels,
                 "img_size": self.train_set.img_size,
+                **({"prompts": list(self.prompts)} if self.text else {}),
             },
             "model": unwrap(self.model).state_dict(),
             "ema": unwrap(self.ema).state_dict(),
@@ -252,6 +306,7 @@ class Trainer:
     def _write_config(self) -> None:
         resolved = {
             "train": self.cfg.to_dict(),
+            "model_type": self.cfg.model,
             "model": self.model_config.to_dict(),
             "data": {"name": self.data_name, "classes": self.train_set.classes, "train_images": len(self.train_set)},
             "params": count_params(self.model),
@@ -261,6 +316,10 @@ class Trainer:
             "tinydit_version": __version__,
             "torch_version": torch.__version__,
         }
+        if self.text:
+            resolved["text"] = {"vocab_size": self.tokenizer.vocab_size, "text_len": self.tokenizer.max_len,
+                                "holdout": list(self.cfg.held_out_phrases()), "held_out_images": self.n_held_out,
+                                "grid_prompts": self.prompts}  # fmt: skip
         (self.out / "config.json").write_text(json.dumps(resolved, indent=2) + "\n")
 
     def _log(self, record: dict) -> None:
@@ -288,12 +347,15 @@ class Trainer:
         """One optimizer step; returns the (detached) loss without synchronising the device."""
         cfg, dev = self.cfg, self.device
         g = _generator(cfg.seed, self.step)
-        x, y = self.train_set.batch(self.batch_indices(self.step), generator=g, device=dev)  # (B, C, H, W), (B,)
+        idx = self.batch_indices(self.step)
+        x, y = self._batch(self.train_set, self.train_tokens, idx, generator=g)  # (B, C, H, W), (B,) or (B, L)
         n = x.shape[0]
         t = sample_t(n, generator=g, device=dev, kind=cfg.t_sampling, shift=cfg.t_shift)  # (B,)
         noise = torch.randn(x.shape, generator=g).to(dev)  # (B, C, H, W)
         drop = (torch.rand(n, generator=g) < cfg.class_dropout).to(dev)  # (B,) guidance dropout
-        y = torch.where(drop, torch.full_like(y, self.model_config.n_classes), y)
+        # The null label, or the empty caption (BOS, then padding) in text runs.
+        drop = drop.view(-1, *[1] * (y.dim() - 1))  # (B,) or (B, 1)
+        y = torch.where(drop, unwrap(self.model).null_condition(y), y)
 
         for group in self.opt.param_groups:
             group["lr"] = self.lr_at(self.step)
@@ -330,7 +392,7 @@ class Trainer:
     def validation_losses(self, model: nn.Module) -> tuple[float, list[float]]:
         """The validation loss, and the same loss in N_T_BINS equal bins of t (each bin holds the same
         number of images, because the validation times are evenly spread)."""
-        val = self.val_set
+        val, tokens = self.val_set, self.val_tokens
         n = len(val)
         g = torch.Generator().manual_seed(VAL_SEED)
         noise = torch.randn(val.images.shape, generator=g)  # (n, C, H, W)
@@ -340,7 +402,7 @@ class Trainer:
         losses = []
         for i in range(0, n, 256):
             idx = torch.arange(i, min(i + 256, n))
-            x, y = val.batch(idx, device=self.device)
+            x, y = self._batch(val, tokens, idx)
             losses.append(flow_loss(model, x, y, t[idx].to(self.device), noise[idx].to(self.device), reduce=False))
         model.train(was_training)
         per_image = torch.cat(losses).cpu()  # (n,)
@@ -351,9 +413,14 @@ class Trainer:
 
     @torch.no_grad()
     def sample_grid(self, per_class: int = 8) -> Path:
-        """EMA samples, one column per class, from fixed noise (the same grid at every step)."""
+        """EMA samples from fixed noise (the same grid at every step): one column per class, or in text
+        runs one row of ``per_class`` images per prompt of ``self.prompts``."""
         cfg = self.model_config
-        y = class_cycle(per_class * cfg.n_classes, cfg.n_classes, self.device)
+        if self.text:
+            ids = self.tokenizer.encode(self.prompts, warn=False)  # (P, L)
+            y, nrow = ids.repeat_interleave(per_class, dim=0).to(self.device), per_class  # (P * per_class, L)
+        else:
+            y, nrow = class_cycle(per_class * cfg.n_classes, cfg.n_classes, self.device), cfg.n_classes
         gen = _generator(self.cfg.seed, 31)
         noise = torch.randn(len(y), cfg.in_channels, cfg.img_size, cfg.img_size, generator=gen)  # (n, C, H, W)
         with autocast(self.device, self.precision):
@@ -361,8 +428,8 @@ class Trainer:
         folder = self.out / "samples"
         folder.mkdir(exist_ok=True)
         path = folder / f"step_{self.step:06d}.png"
-        save_grid(x.cpu(), path, nrow=cfg.n_classes)
-        save_grid(x.cpu(), self.out / "samples.png", nrow=cfg.n_classes)
+        save_grid(x.cpu(), path, nrow=nrow)
+        save_grid(x.cpu(), self.out / "samples.png", nrow=nrow)
         return path
 
     def _validate(self) -> tuple[float, float, list[float]]:
@@ -394,9 +461,11 @@ class Trainer:
             return TrainResult(self.step, self.train_seconds, None, None, self.ckpt_path, None)
 
         if self.step == 0:
-            print(f"training {cfg.preset} ({count_params(self.model) / 1e6:.2f}M parameters) on {self.data_name} "
+            what = f"{cfg.preset}, text-conditioned," if self.text else cfg.preset
+            held = f", {self.n_held_out} held out: {cfg.holdout}" if self.n_held_out else ""
+            print(f"training {what} ({count_params(self.model) / 1e6:.2f}M parameters) on {self.data_name} "
                   f"({len(self.train_set)} images, {self.train_set.channels}x{self.train_set.img_size}x"
-                  f"{self.train_set.img_size}) on {self.device}; run directory {self.out}", file=sys.stderr)
+                  f"{self.train_set.img_size}{held}) on {self.device}; run directory {self.out}", file=sys.stderr)
         else:
             print(f"continuing {self.out} from step {self.step}", file=sys.stderr)
         bar = tqdm(total=cfg.steps, initial=self.step, unit="step", disable=not self.progress, dynamic_ncols=True)
