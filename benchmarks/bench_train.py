@@ -214,7 +214,8 @@ def header(args: argparse.Namespace, device: torch.device) -> None:
         cpu = torch.cuda.get_device_name(device)
     print(f"machine: {cpu}, {os.cpu_count()} CPUs, device {device}; torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads; {datetime.date.today()}")
-    print(f"command: python benchmarks/bench_train.py {' '.join(sys.argv[1:])}".rstrip())
+    script = f"benchmarks/{os.path.basename(sys.argv[0])}"  # the script that is running (ablation, ...)
+    print(f"command: python {script} {' '.join(sys.argv[1:])}".rstrip())
 
 
 def main() -> None:
