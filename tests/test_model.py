@@ -33,7 +33,7 @@ VARIANTS = SMALL + [replace(SMALL[0], **sw) for name, sw in SWITCHES.items() if 
 
 
 def _id(c: DiTConfig) -> str:
-    return f"{c.in_channels}x{c.img_size}p{c.patch_size}-{c.norm}-{c.mlp}-{c.pos}{'-qk' if c.qk_norm else ''}"
+    return f"{c.in_channels}x{c.img_size}p{c.patch_size}-{c.norm}-{c.mlp}-{c.pos}{'-qk' if c.qk_norm else ''}-{c.pred}"
 
 
 @pytest.mark.parametrize("cfg", VARIANTS, ids=_id)
@@ -42,8 +42,12 @@ def test_forward_shape_and_zero_output_at_init(cfg):
     x = torch.randn(3, cfg.in_channels, cfg.img_size, cfg.img_size)
     v = model(x, torch.rand(3), torch.tensor([0, 1, cfg.n_classes]))  # the null label is valid
     assert v.shape == x.shape and v.dtype == torch.float32
-    assert torch.count_nonzero(v) == 0  # adaLN-Zero + zeroed output layer
-    assert torch.count_nonzero(model(x, torch.rand(3), None)) == 0
+    # adaLN-Zero + zeroed output layer: the network outputs zero; for x-prediction that is the clean
+    # image x0 = 0, so the velocity is (x_t - 0) / t.
+    t = torch.rand(3)
+    expected = torch.zeros_like(x) if cfg.pred == "v" else x / t.clamp(min=0.05).view(-1, 1, 1, 1)
+    assert torch.equal(model(x, t, torch.tensor([0, 1, cfg.n_classes])), expected)
+    assert torch.equal(model(x, t, None), expected)
 
 
 @pytest.mark.parametrize("cfg", VARIANTS, ids=_id)
