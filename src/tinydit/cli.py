@@ -305,13 +305,13 @@ def cmd_presets(args: argparse.Namespace) -> int:
     from tinydit.registry import MODEL_TYPES, build_model, preset_config
 
     base = DiTConfig()
+    shown = ("norm", "qk_norm", "mlp", "pos", "pred")  # the switches that differ from the original DiT block
     shapes_text = dict(cond="text", vocab_size=18, text_len=8, n_classes=4)  # the shapes captions' tokenizer
     print(f"{'preset':10} {'params':>8} {'+text':>8} {'dim':>5} {'depth':>5} {'heads':>5} {'patch':>5} "
           f"{'tokens@32':>9}  switches")  # fmt: skip
     for name in PRESETS:
         cfg = get_preset(name)
-        switches = [f"{k}={getattr(cfg, k)}" for k in ("norm", "qk_norm", "mlp", "pos", "pred")
-                    if getattr(cfg, k) != getattr(base, k)]  # fmt: skip
+        switches = [f"{k}={getattr(cfg, k)}" for k in shown if getattr(cfg, k) != getattr(base, k)]
         mark = "  (default)" if name == DEFAULT_PRESET else ""
         text = count_params(DiT(get_preset(name, **shapes_text)))
         print(f"{name:10} {count_params(DiT(cfg)) / 1e6:7.2f}M {text / 1e6:7.2f}M {cfg.dim:5} {cfg.depth:5} "
@@ -319,8 +319,7 @@ def cmd_presets(args: argparse.Namespace) -> int:
     mm = MODEL_TYPES["mmdit"]
     for name in mm.presets:
         cfg = preset_config("mmdit", name, **{k: v for k, v in shapes_text.items() if k != "cond"})
-        switches = [f"{k}={getattr(cfg, k)}" for k in ("norm", "qk_norm", "mlp", "pos")
-                    if getattr(cfg, k) != getattr(base, k)]  # fmt: skip
+        switches = [f"{k}={getattr(cfg, k)}" for k in shown if getattr(cfg, k) != getattr(base, k)]
         mark = "  (default for --model mmdit)" if name == mm.default_preset else ""
         print(f"{name:10} {'-':>8} {count_params(build_model('mmdit', cfg)) / 1e6:7.2f}M {cfg.dim:5} "
               f"{cfg.depth}+{cfg.single_blocks:<3} {cfg.n_heads:5} {cfg.patch_size:5} {cfg.n_tokens:9}  "
