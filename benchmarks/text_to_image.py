@@ -34,8 +34,8 @@ from pathlib import Path
 
 from bench_train import Workload, header, race
 
-from tinydit.adherence import GROUPS, markdown_table, measure
-from tinydit.checkpoint import load_model
+from tinydit.adherence import GROUPS, confusion_table, markdown_table, measure
+from tinydit.checkpoint import load_model, tokenizer_of
 from tinydit.config import SHAPES_HOLDOUT, TrainConfig
 from tinydit.model import count_params
 from tinydit.runtime import resolve_precision
@@ -58,10 +58,15 @@ def main() -> None:
     parser.add_argument("--precision", default="auto")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/t2i")
+    parser.add_argument("--score-only", action="store_true",
+                        help="train nothing: score the checkpoints already in OUT/<model>/ and print how the "
+                             "pixel reader reads each prompted shape")
     args = parser.parse_args()
     device = resolve_device("auto")
     precision = resolve_precision(args.precision, device)
     header(args, device)
+    if args.score_only:
+        return score_only(args, device)
     root = Path(args.out)
     root.mkdir(parents=True, exist_ok=True)
     variants = {
@@ -139,6 +144,33 @@ def main() -> None:
     missing = [g for g in GROUPS if holdout and any(g not in r["adherence"] for r in results.values())]
     if missing:
         print(f"note: no samples for {', '.join(missing)}", file=sys.stderr)
+
+
+def score_only(args: argparse.Namespace, device) -> None:
+    """Score every OUT/<name>/checkpoint.pt (EMA weights) on the benchmark's prompts and noise, with the
+    per-shape reading (adherence.shape_confusion) that the accuracies alone hide."""
+    root = Path(args.out)
+    runs = sorted(p.parent for p in root.glob("*/checkpoint.pt"))
+    if not runs:
+        sys.exit(f"no OUT/<model>/checkpoint.pt under {root}: train first (without --score-only)")
+    results, lines = {}, []
+    for run in runs:
+        model, state = load_model(run / "checkpoint.pt", map_location=device)
+        tokenizer = tokenizer_of(state)
+        if tokenizer is None:
+            print(f"{run}: a class-conditional checkpoint, skipped", file=sys.stderr)
+            continue
+        holdout = parse_phrases(state["train_config"].get("holdout") or "")  # as the run was trained
+        scores, table = measure(model, tokenizer, holdout, args.n_seen, args.n_held_out, steps=args.steps,
+                                cfg_scale=args.cfg, seed=args.seed, with_confusion=True)  # fmt: skip
+        results[run.name] = scores
+        lines += [f"{run.name} (step {state['step']}): how each prompted shape reads back", "",
+                  confusion_table(table), ""]  # fmt: skip
+        (run / "adherence.json").write_text(json.dumps({"scores": scores, "shape_confusion": table}, indent=2) + "\n")
+    print()
+    print(markdown_table(results))
+    print()
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -135,7 +135,16 @@ def main() -> None:
     p.add_argument("--pred", default=None, choices=["v", "x"])
     p.add_argument("--precision", default="fp32")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--patch-size", type=int, default=None, help="variant: the preset with this patch size")
+    p.add_argument("--dim", type=int, default=None, help="variant: the preset with this width")
+    p.add_argument("--depth", type=int, default=None, help="variant: the preset with this depth")
     args = p.parse_args()
+    trunk = {k: v for k, v in (("patch_size", args.patch_size), ("dim", args.dim), ("depth", args.depth)) if v}
+    if trunk:  # a probe-only preset: the chosen one with a different trunk
+        from tinydit.model import PRESETS
+
+        PRESETS["probe"] = {**PRESETS[args.preset], **trunk}
+        args.preset = "probe"
     torch.set_num_threads(args.threads)
     if args.n_colors or args.bg or args.size or args.jitter != 1.0:
         make_variant(args.n_colors, args.bg, args.size, args.jitter)
