@@ -1,7 +1,8 @@
 """Text-to-image on shapes: MMDiT against a DiT that sees the caption only through its pooled vector,
 at the same parameter count and the same CPU-time budget, scored by prompt adherence.
 
-    python benchmarks/text_to_image.py --minutes 15 --out runs/t2i
+    python benchmarks/text_to_image.py --minutes 20 --out runs/t2i
+    python benchmarks/text_to_image.py --score-only --out runs/t2i   # re-score, with the per-shape reading
 
 1. Both models are built for the shapes captions, with the same text encoder and width: mmdit-2.3m
    (2 joint + 2 single-stream blocks) and dit-1.9m with --cond text hold exactly the same number of
