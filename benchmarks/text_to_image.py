@@ -46,7 +46,7 @@ from tinydit.train import Trainer, resolve_device
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--minutes", type=float, default=15.0, help="training budget per model")
+    parser.add_argument("--minutes", type=float, default=20.0, help="training budget per model")
     parser.add_argument("--mmdit-preset", default="mmdit-2.3m")
     parser.add_argument("--dit-preset", default="dit-1.9m", help="trained with --cond text (pooled caption only)")
     parser.add_argument("--holdout", default=SHAPES_HOLDOUT, help="caption phrases never trained on")
@@ -62,6 +62,8 @@ def main() -> None:
     parser.add_argument("--score-only", action="store_true",
                         help="train nothing: score the checkpoints already in OUT/<model>/ and print how the "
                              "pixel reader reads each prompted shape")
+    parser.add_argument("--cfgs", default=None,
+                        help="with --score-only: comma-separated guidance scales to score, each (default: --cfg)")
     args = parser.parse_args()
     device = resolve_device("auto")
     precision = resolve_precision(args.precision, device)
@@ -154,7 +156,8 @@ def score_only(args: argparse.Namespace, device) -> None:
     runs = sorted(p.parent for p in root.glob("*/checkpoint.pt"))
     if not runs:
         sys.exit(f"no OUT/<model>/checkpoint.pt under {root}: train first (without --score-only)")
-    results, lines = {}, []
+    cfgs = [float(c) for c in args.cfgs.split(",")] if args.cfgs else [args.cfg]
+    results, lines, saved = {}, [], {}
     for run in runs:
         model, state = load_model(run / "checkpoint.pt", map_location=device)
         tokenizer = tokenizer_of(state)
@@ -162,12 +165,15 @@ def score_only(args: argparse.Namespace, device) -> None:
             print(f"{run}: a class-conditional checkpoint, skipped", file=sys.stderr)
             continue
         holdout = parse_phrases(state["train_config"].get("holdout") or "")  # as the run was trained
-        scores, table = measure(model, tokenizer, holdout, args.n_seen, args.n_held_out, steps=args.steps,
-                                cfg_scale=args.cfg, seed=args.seed, with_confusion=True)  # fmt: skip
-        results[run.name] = scores
-        lines += [f"{run.name} (step {state['step']}): how each prompted shape reads back", "",
-                  confusion_table(table), ""]  # fmt: skip
-        (run / "adherence.json").write_text(json.dumps({"scores": scores, "shape_confusion": table}, indent=2) + "\n")
+        for cfg_scale in cfgs:
+            name = run.name if len(cfgs) == 1 else f"{run.name}, guidance {cfg_scale:g}"
+            scores, table = measure(model, tokenizer, holdout, args.n_seen, args.n_held_out, steps=args.steps,
+                                    cfg_scale=cfg_scale, seed=args.seed, with_confusion=True)  # fmt: skip
+            results[name] = scores
+            saved[f"{run.name}/cfg{cfg_scale:g}"] = {"scores": scores, "shape_confusion": table}
+            lines += [f"{name} (step {state['step']}): how each prompted shape reads back", "",
+                      confusion_table(table), ""]  # fmt: skip
+    (root / "adherence.json").write_text(json.dumps(saved, indent=2) + "\n")
     print()
     print(markdown_table(results))
     print()

@@ -260,3 +260,12 @@ def test_x_prediction_derives_the_velocity_from_the_predicted_clean_image():
 def test_prediction_switch_is_validated():
     with pytest.raises(TinyDiTError, match="pred"):
         DiTConfig(pred="eps")
+
+
+def test_presets_predict_x_on_rgb_and_v_on_grayscale_unless_told():
+    assert get_preset("dit-1.9m", in_channels=3).pred == "x"
+    assert get_preset("dit-1.9m", in_channels=1).pred == "v"
+    assert get_preset("dit-1.9m", in_channels=1, pred="x").pred == "x"
+    stored = get_preset("dit-0.2m", in_channels=1).to_dict()
+    assert stored["pred"] == "v" and DiTConfig.from_dict(stored).pred == "v"  # checkpoints hold the resolved value
+    assert DiTConfig().pred == "v"  # configs written before the field existed load as v

@@ -56,10 +56,10 @@ class MMDiTConfig(DiTConfig):
 # text encoder (2,318,640 each): the pair benchmarks/text_to_image.py compares. mmdit-2.1m is SD3's
 # all-joint trunk, one block shorter.
 PRESETS: dict[str, dict] = {
-    "mmdit-0.2m": dict(dim=64, depth=1, n_heads=2, patch_size=4, text_depth=1, pred="x"),  # smoke tests
-    "mmdit-2.1m": dict(dim=128, depth=3, n_heads=4, patch_size=4, mlp="swiglu", text_depth=2, pred="x"),
+    "mmdit-0.2m": dict(dim=64, depth=1, n_heads=2, patch_size=4, text_depth=1, pred="auto"),  # smoke tests
+    "mmdit-2.1m": dict(dim=128, depth=3, n_heads=4, patch_size=4, mlp="swiglu", text_depth=2, pred="auto"),
     "mmdit-2.3m": dict(
-        dim=128, depth=2, single_blocks=2, n_heads=4, patch_size=4, mlp="swiglu", text_depth=2, pred="x"
+        dim=128, depth=2, single_blocks=2, n_heads=4, patch_size=4, mlp="swiglu", text_depth=2, pred="auto"
     ),
 }
 DEFAULT_PRESET = "mmdit-2.3m"

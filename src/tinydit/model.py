@@ -24,7 +24,7 @@ one measured on Fashion-MNIST):
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -60,7 +60,9 @@ class DiTConfig:
     mlp: str = "gelu"  # gelu (exact erf form) | swiglu (hidden width 2/3 of GELU's, same params)
     pos: str = "sincos"  # sincos: fixed 2-D sin-cos added to the tokens | rope: 2-D axial RoPE on q and k
     shortcut: bool = False  # also condition on the step size d, for few-step sampling (tinydit.shortcut)
-    pred: str = "v"  # what the network outputs: v (the velocity itself) | x (clean image; v derived from it)
+    # What the network outputs: v (the velocity itself) | x (the clean image; v derived from it) | auto
+    # (resolved at construction: x for RGB data, v for grayscale; see PRESETS).
+    pred: str = "v"
     cond: str = "class"  # class: y is a label (N,) | text: y is caption token ids (N, L) (tinydit.text)
     vocab_size: int = 0  # text: the tokenizer's vocabulary, special tokens included (set from the data)
     text_len: int = 0  # text: L, token ids per caption: BOS + the longest training caption (set from the data)
@@ -80,6 +82,8 @@ class DiTConfig:
             raise TinyDiTError(f"dim {self.dim} must be divisible by 4 for the 2-D sin-cos positions")
         if self.mlp_ratio <= 0:
             raise TinyDiTError(f"mlp_ratio must be > 0, got {self.mlp_ratio}")
+        if self.pred == "auto":  # frozen dataclass: set the resolved value once, here
+            object.__setattr__(self, "pred", "x" if self.in_channels > 1 else "v")
         for name, allowed in (("norm", NORMS), ("mlp", MLPS), ("pos", POSITIONS), ("pred", PREDICTIONS)):
             if getattr(self, name) not in allowed:
                 raise TinyDiTError(f"DiTConfig.{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
@@ -123,15 +127,16 @@ class DiTConfig:
 # Presets fix the trunk (width, depth, heads, patch). Names carry the real parameter count, measured
 # for 32x32 RGB with 10 classes (tests/test_model.py checks each name against count_params).
 PRESETS: dict[str, dict] = {
-    # Every preset predicts the clean image (pred="x", JiT): on 3-channel shapes it reached in 4,000 steps
-    # a validation loss the v-predicting dit-0.2m had not reached in 8,687, and on Fashion-MNIST it is
-    # lower from step 2,000 on (docs/ablation.md). Checkpoints without the field load as pred="v".
-    "dit-0.2m": dict(dim=64, depth=2, n_heads=2, patch_size=4, pred="x"),  # smoke tests: seconds per run
+    # pred="auto": the network predicts the clean image (x, JiT) on RGB data and the velocity (v) on
+    # grayscale. On 3-channel shapes, x reached in 4,000 steps a validation loss v had not reached in
+    # 8,687 (dit-0.2m); on Fashion-MNIST's 1-channel patches there is no bottleneck for x to remove, and
+    # in the 4-minute ablation x scored worse (docs/ablation.md). Old checkpoints (no field) load as v.
+    "dit-0.2m": dict(dim=64, depth=2, n_heads=2, patch_size=4, pred="auto"),  # smoke tests: seconds per run
     # The CPU preset: minutes per run. SwiGLU is its one switch that won the equal-time ablation on
     # Fashion-MNIST (docs/ablation.md); RMSNorm, QK-norm and RoPE each scored worse and stay off.
-    "dit-1.9m": dict(dim=128, depth=6, n_heads=4, patch_size=4, mlp="swiglu", pred="x"),
-    "dit-9.8m": dict(dim=256, depth=8, n_heads=4, patch_size=4, pred="x"),  # a laptop hour, or a GPU
-    "dit-32m": dict(dim=384, depth=12, n_heads=6, patch_size=2, pred="x"),  # GPU: 256 tokens per 32x32 image
+    "dit-1.9m": dict(dim=128, depth=6, n_heads=4, patch_size=4, mlp="swiglu", pred="auto"),
+    "dit-9.8m": dict(dim=256, depth=8, n_heads=4, patch_size=4, pred="auto"),  # a laptop hour, or a GPU
+    "dit-32m": dict(dim=384, depth=12, n_heads=6, patch_size=2, pred="auto"),  # GPU: 256 tokens per 32x32 image
 }
 DEFAULT_PRESET = "dit-1.9m"
 
@@ -154,8 +159,7 @@ def get_preset(name: str, **data) -> DiTConfig:
     """The preset's config, completed with the data's ``img_size``, ``in_channels`` and ``n_classes``."""
     if name not in PRESETS:
         raise TinyDiTError(f"unknown preset {name!r}: use one of {', '.join(PRESETS)} (see `tinydit presets`)")
-    cfg = replace(DiTConfig(), **PRESETS[name])
-    return replace(cfg, **data) if data else cfg
+    return DiTConfig(**{**PRESETS[name], **data})  # in one go: pred="auto" is resolved for the data's channels
 
 
 def count_params(module: nn.Module) -> int:
