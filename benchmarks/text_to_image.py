@@ -57,6 +57,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=32, help="Euler steps per sample")
     parser.add_argument("--cfg", type=float, default=2.0, help="guidance scale (the empty caption is unconditional)")
     parser.add_argument("--precision", default="auto")
+    parser.add_argument("--t-sampling", default=None, choices=["uniform", "logit-normal"],
+                        help="training times for both models (default: the trainer's for text runs, logit-normal)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/t2i")
     parser.add_argument("--score-only", action="store_true",
@@ -80,6 +82,7 @@ def main() -> None:
     def train_config(name: str, steps: int) -> TrainConfig:
         return TrainConfig(out=str(root / name), data="shapes", steps=steps, batch_size=args.batch, limit=args.limit,
                            holdout=args.holdout, seed=args.seed, precision=precision, compile="off",
+                           t_sampling=args.t_sampling,
                            sample_every=10**9, ckpt_every=500, **variants[name])  # fmt: skip
 
     # 1. Build both (set-up only: data, tokenizer, model) and report their sizes.

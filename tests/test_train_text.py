@@ -113,3 +113,10 @@ def test_continuing_a_class_run_as_a_text_run_is_refused(tmp_path):
 def test_a_holdout_that_matches_nothing_warns(tmp_path):
     with pytest.warns(UserWarning, match="'purple triangle' matches no training caption"):
         Trainer(fast_config(tmp_path, **MMDIT, steps=1, holdout="red triangle,purple triangle"), progress=False)
+
+
+def test_text_runs_default_to_logit_normal_times_and_class_runs_to_uniform():
+    assert TrainConfig(model="mmdit").t_sampling == "logit-normal"
+    assert TrainConfig(model="dit", cond="text").t_sampling == "logit-normal"
+    assert TrainConfig().t_sampling == "uniform"
+    assert TrainConfig(model="mmdit", t_sampling="uniform").t_sampling == "uniform"  # an explicit choice stays

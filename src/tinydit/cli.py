@@ -52,8 +52,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup", type=int, default=d.warmup)
     p.add_argument("--ema-decay", type=float, default=d.ema_decay)
     p.add_argument("--class-dropout", type=float, default=d.class_dropout)
-    p.add_argument("--t-sampling", default=d.t_sampling, choices=["uniform", "logit-normal"],
-                   help="distribution of training times")
+    p.add_argument("--t-sampling", default=None, choices=["uniform", "logit-normal"],
+                   help="distribution of training times (default: logit-normal for text runs, else uniform)")
     p.add_argument("--t-shift", type=float, default=d.t_shift, help="shift training times towards noise (SD3)")
     p.add_argument("--few-step", default=d.few_step, choices=["none", "shortcut"],
                    help="shortcut: also learn 1-, 2- and 4-step sampling (shortcut models; docs/few_step.md)")

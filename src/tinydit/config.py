@@ -54,7 +54,9 @@ class TrainConfig:
     grad_clip: float = 1.0  # clip the global gradient norm to this (0 = off)
     ema_decay: float = 0.999  # EMA of the weights used for sampling; warmed up as min(d, (1+s)/(10+s))
     class_dropout: float = 0.1  # probability of the null label (text: the empty caption), for guidance
-    t_sampling: str = "uniform"  # training times: uniform | logit-normal (SD3)
+    # Training times: uniform | logit-normal (SD3). None: logit-normal for text runs (it raised MMDiT's
+    # all-attribute accuracy on shapes from 0.350 to 0.560, docs/text_to_image.md), else uniform.
+    t_sampling: str | None = None
     few_step: str = "none"  # none | shortcut: also train the model to take large steps (tinydit.shortcut)
     t_shift: float = 1.0  # > 1 moves training times towards noise: t' = s t / (1 + (s - 1) t)
     seed: int = 0  # the one seed behind data order, flips, times, noise and initial weights
@@ -84,6 +86,8 @@ class TrainConfig:
             hint = "; use --model dit for class labels" if self.model == "mmdit" else ""
             raise TinyDiTError(f"--model {self.model} takes --cond {' or '.join(kind.conds)}, got {self.cond!r}{hint}")
         self.holdout = self._resolve_holdout()
+        if self.t_sampling is None:
+            self.t_sampling = "logit-normal" if self.cond == "text" else "uniform"
         if self.steps is None and self.minutes is None:
             self.steps = 2000
         if self.steps is not None and self.steps < 1:
