@@ -151,7 +151,7 @@ SWITCHES: dict[str, dict] = {
     "rope": {**ORIGINAL_BLOCK, "pos": "rope"},
     "all four": dict(norm="rmsnorm", qk_norm=True, mlp="swiglu", pos="rope", pred="v"),
     "x_pred": {**ORIGINAL_BLOCK, "pred": "x"},  # the network outputs the clean image (JiT)
-    "swiglu+x_pred": {**ORIGINAL_BLOCK, "mlp": "swiglu", "pred": "x"},  # the dit-1.9m preset's block
+    "swiglu+x_pred": {**ORIGINAL_BLOCK, "mlp": "swiglu", "pred": "x"},  # dit-1.9m on RGB data
 }
 
 
