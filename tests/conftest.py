@@ -8,6 +8,18 @@ FAST = dict(preset="dit-0.2m", batch_size=16, limit=256, val_size=32, log_every=
             sample_every=1000, ckpt_every=1000, sample_steps=2, warmup=2, precision="fp32")  # fmt: skip
 
 
+def dead_parameters_after_sgd(model, args, steps: int) -> list[str]:
+    """Names of the parameters that got no gradient in the last of ``steps`` SGD steps regressing
+    model(*args) onto args[0]. Zero-initialised layers pass no gradient through themselves, so each
+    step wakes one more layer of them; the tests say how many steps their model needs."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(steps):
+        opt.zero_grad()
+        (model(*args) - args[0]).pow(2).mean().backward()
+        opt.step()
+    return [n for n, p in model.named_parameters() if p.grad is None or p.grad.abs().sum() == 0]
+
+
 def fast_config(out, **kw) -> TrainConfig:
     """A training config that runs in about a second on a CPU."""
     return TrainConfig(out=str(out), **{"data": "shapes", **FAST, **kw})

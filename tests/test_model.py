@@ -4,6 +4,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from conftest import dead_parameters_after_sgd
 
 from tinydit.errors import TinyDiTError
 from tinydit.model import (
@@ -54,16 +55,10 @@ def test_forward_shape_and_zero_output_at_init(cfg):
 def test_gradients_reach_every_parameter_after_one_step(cfg):
     torch.manual_seed(0)
     model = DiT(cfg)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x = torch.randn(4, cfg.in_channels, cfg.img_size, cfg.img_size)
     args = (x, torch.rand(4), torch.randint(0, cfg.n_classes, (4,)))
-    # Zero-initialised layers pass no gradient through themselves: step 1 moves the output layer,
-    # step 2 the gates, and from step 3 on every parameter receives a gradient.
-    for _ in range(3):
-        opt.zero_grad()
-        (model(*args) - x).pow(2).mean().backward()
-        opt.step()
-    dead = [n for n, p in model.named_parameters() if p.grad is None or p.grad.abs().sum() == 0]
+    # Step 1 moves the output layer, step 2 the gates, and from step 3 on every parameter has a gradient.
+    dead = dead_parameters_after_sgd(model, args, steps=3)
     assert dead == [], dead
 
 
