@@ -14,7 +14,7 @@ at the same parameter count and the same CPU-time budget, scored by prompt adher
 3. Both train on the shapes captions without the held-out combinations (``--holdout``, by default every
    "red triangle" and every "blue circle"), then each EMA model draws the same prompts from the same
    noise: ``--n-seen`` images over the seen combinations, ``--n-held-out`` over the held-out ones
-   (Euler, ``--steps`` steps, guidance ``--cfg``), scored with the shapes pixel reader
+   (``--sampler``, Euler by default, ``--steps`` steps, guidance ``--cfg``), scored with the shapes pixel reader
    (tinydit.adherence): accuracy per attribute and for all three at once.
 
 Writes OUT/text_to_image.json and OUT/text_to_image.md (machine, command, parameter counts, steps,
@@ -54,7 +54,8 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None, help="train on the first N shapes images only")
     parser.add_argument("--n-seen", type=int, default=420, help="samples over the 210 seen combinations")
     parser.add_argument("--n-held-out", type=int, default=140, help="samples over the 14 held-out combinations")
-    parser.add_argument("--steps", type=int, default=32, help="Euler steps per sample")
+    parser.add_argument("--sampler", default="euler", help="euler | heun | midpoint | dopri5 (see tinydit.sampling)")
+    parser.add_argument("--steps", type=int, default=32, help="sampler steps per sample")
     parser.add_argument("--cfg", type=float, default=2.0, help="guidance scale (the empty caption is unconditional)")
     parser.add_argument("--precision", default="auto")
     parser.add_argument("--t-sampling", default=None, choices=["uniform", "logit-normal"],
@@ -122,7 +123,7 @@ def main() -> None:
         model, _ = load_model(trained.checkpoint, map_location=device)  # the EMA weights
         sampled = time.perf_counter()
         scores = measure(model, trainer.tokenizer, holdout, args.n_seen, args.n_held_out, steps=args.steps,
-                         cfg_scale=args.cfg, seed=args.seed)  # fmt: skip
+                         cfg_scale=args.cfg, seed=args.seed, sampler=args.sampler)  # fmt: skip
         results[name] = {"preset": trainer.cfg.preset, "params": params[name], "img_per_s": args.batch / step_s,
                          "steps": steps, "train_seconds": trained.train_seconds,
                          "val_loss_ema": trained.val_loss_ema, "sample_seconds": time.perf_counter() - sampled,
@@ -134,8 +135,9 @@ def main() -> None:
         f"# Text-to-image on shapes: MMDiT vs a DiT conditioned on the pooled caption ({datetime.date.today()})",
         "", "```", f"python benchmarks/text_to_image.py {' '.join(sys.argv[1:])}".rstrip(), "```", "",
         f"{args.minutes:g} min of training each ({precision}, batch {args.batch}); held out of training: "
-        f"{', '.join(holdout) or 'nothing'}. Samples: EMA weights, Euler {args.steps} steps, guidance {args.cfg:g}, "
-        f"the same prompts and noise for both models; read back with tinydit.shapes.read_shape.", "",
+        f"{', '.join(holdout) or 'nothing'}. Samples: EMA weights, {args.sampler} {args.steps} steps, "
+        f"guidance {args.cfg:g}, the same prompts and noise for both models; read back with "
+        "tinydit.shapes.read_shape.", "",
         "| model | preset | parameters | train img/s | steps | EMA val loss |", "|---|---|---|---|---|---|",
         *(f"| {name} | {r['preset']} | {r['params']:,} | {r['img_per_s']:.0f} | {r['steps']} | "
           f"{r['val_loss_ema']:.4f} |" for name, r in results.items()),
@@ -171,9 +173,11 @@ def score_only(args: argparse.Namespace, device) -> None:
         for cfg_scale in cfgs:
             name = run.name if len(cfgs) == 1 else f"{run.name}, guidance {cfg_scale:g}"
             scores, table = measure(model, tokenizer, holdout, args.n_seen, args.n_held_out, steps=args.steps,
-                                    cfg_scale=cfg_scale, seed=args.seed, with_confusion=True)  # fmt: skip
+                                    cfg_scale=cfg_scale, seed=args.seed, with_confusion=True,
+                                    sampler=args.sampler)  # fmt: skip
             results[name] = scores
-            saved[f"{run.name}/cfg{cfg_scale:g}"] = {"scores": scores, "shape_confusion": table}
+            saved[f"{run.name}/{args.sampler}{args.steps}/cfg{cfg_scale:g}"] = {"scores": scores,
+                                                                                "shape_confusion": table}
             lines += [f"{name} (step {state['step']}): how each prompted shape reads back", "",
                       confusion_table(table), ""]  # fmt: skip
     (root / "adherence.json").write_text(json.dumps(saved, indent=2) + "\n")

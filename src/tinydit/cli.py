@@ -24,7 +24,7 @@ EXIT_INTERRUPTED = 130
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
-    from tinydit.config import SHAPES_HOLDOUT, TrainConfig
+    from tinydit.config import FEW_STEP, SHAPES_HOLDOUT, TrainConfig
     from tinydit.registry import MODEL_TYPES
 
     d = TrainConfig()
@@ -55,8 +55,19 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--t-sampling", default=None, choices=["uniform", "logit-normal"],
                    help="distribution of training times (default: logit-normal for text runs, else uniform)")
     p.add_argument("--t-shift", type=float, default=d.t_shift, help="shift training times towards noise (SD3)")
-    p.add_argument("--few-step", default=d.few_step, choices=["none", "shortcut"],
-                   help="shortcut: also learn 1-, 2- and 4-step sampling (shortcut models; docs/few_step.md)")
+    p.add_argument("--few-step", default=d.few_step, choices=list(FEW_STEP),
+                   help="shortcut: also learn 1-, 2- and 4-step sampling (shortcut models); distill: train a "
+                        "1-, 2-, 4- and 8-step student on a trained model's paths (--teacher); docs/few_step.md")
+    distill = p.add_argument_group("distillation (--few-step distill; the student copies the teacher's architecture)")
+    distill.add_argument("--teacher", default=None, help="checkpoint.pt of the trained model to distill")
+    distill.add_argument("--teacher-sampler", default=d.teacher_sampler, choices=["euler", "heun", "midpoint"])
+    distill.add_argument("--teacher-steps", type=int, default=d.teacher_steps,
+                         help="the teacher sampler's uniform steps (a multiple of 8)")
+    distill.add_argument("--teacher-cfg", type=float, default=d.teacher_cfg, help="the teacher's guidance scale")
+    distill.add_argument("--teacher-cfg-interval", type=float, nargs=2, metavar=("LO", "HI"),
+                         default=list(d.teacher_cfg_interval), help="the teacher's guidance interval of t")
+    distill.add_argument("--distill-paths", type=int, default=d.distill_paths,
+                         help="teacher paths sampled once (cached in RUN_DIR) for the student to train on")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--device", default=d.device, help="auto | cpu | cuda | cuda:N | mps")
     p.add_argument("--precision", default=d.precision, choices=["auto", "fp32", "bf16", "fp16"],
@@ -248,7 +259,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         preset=args.preset, holdout=args.holdout,
         steps=args.steps, minutes=args.minutes, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
         ema_decay=args.ema_decay, class_dropout=args.class_dropout, t_sampling=args.t_sampling,
-        t_shift=args.t_shift, few_step=args.few_step, seed=args.seed, device=args.device, precision=args.precision,
+        t_shift=args.t_shift, few_step=args.few_step, teacher=args.teacher, teacher_sampler=args.teacher_sampler,
+        teacher_steps=args.teacher_steps, teacher_cfg=args.teacher_cfg,
+        teacher_cfg_interval=tuple(args.teacher_cfg_interval), distill_paths=args.distill_paths, seed=args.seed,
+        device=args.device, precision=args.precision,
         compile=args.compile, norm=args.norm, qk_norm=None if args.qk_norm is None else args.qk_norm == "on",
         mlp=args.mlp, pos=args.pos, pred=args.pred,
         log_every=args.log_every, val_every=args.val_every, sample_every=args.sample_every,

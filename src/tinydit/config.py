@@ -17,14 +17,17 @@ from tinydit.text import parse_phrases
 # adherence on them measures compositional generalisation (``tinydit.adherence``).
 SHAPES_HOLDOUT = "red triangle,blue circle"
 
-__all__ = ["TrainConfig", "TRAJECTORY_FIELDS", "SHAPES_HOLDOUT"]
+FEW_STEP = ("none", "shortcut", "distill")  # --few-step: see TrainConfig.few_step
+
+__all__ = ["TrainConfig", "TRAJECTORY_FIELDS", "SHAPES_HOLDOUT", "FEW_STEP"]
 
 # Fields that change what a run computes. A run directory can only be continued with the same values;
 # everything else (steps, minutes, logging intervals, device) may change between invocations.
 TRAJECTORY_FIELDS = (
     "data", "preset", "batch_size", "lr", "warmup", "weight_decay", "grad_clip", "ema_decay",
     "class_dropout", "seed", "limit", "t_sampling", "t_shift", "norm", "qk_norm", "mlp", "pos", "pred", "few_step",
-    "model", "cond", "holdout",
+    "model", "cond", "holdout", "teacher", "teacher_sampler", "teacher_steps", "teacher_cfg", "teacher_cfg_interval",
+    "distill_paths",
 )  # fmt: skip
 
 
@@ -57,7 +60,15 @@ class TrainConfig:
     # Training times: uniform | logit-normal (SD3). None: logit-normal for text runs (it raised MMDiT's
     # all-attribute accuracy on shapes from 0.350 to 0.560, docs/text_to_image.md), else uniform.
     t_sampling: str | None = None
-    few_step: str = "none"  # none | shortcut: also train the model to take large steps (tinydit.shortcut)
+    # none | shortcut: also train the model to take large steps (tinydit.shortcut) | distill: train a
+    # few-step student on the paths of a trained model, ``teacher`` (tinydit.distill)
+    few_step: str = "none"
+    teacher: str | None = None  # distill: the teacher's checkpoint.pt
+    teacher_sampler: str = "heun"  # distill: how the teacher samples its paths (euler | heun | midpoint) ...
+    teacher_steps: int = 8  # ... in this many uniform steps (a multiple of tinydit.distill.KNOTS) ...
+    teacher_cfg: float = 3.0  # ... with this guidance scale ...
+    teacher_cfg_interval: tuple[float, float] = (0.1, 0.7)  # ... applied for t in this interval (docs/few_step.md)
+    distill_paths: int = 40_000  # distill: how many teacher paths the student trains on
     t_shift: float = 1.0  # > 1 moves training times towards noise: t' = s t / (1 + (s - 1) t)
     seed: int = 0  # the one seed behind data order, flips, times, noise and initial weights
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
@@ -109,8 +120,9 @@ class TrainConfig:
             raise TinyDiTError(f"class_dropout must be in [0, 1), got {self.class_dropout}")
         if self.t_sampling not in ("uniform", "logit-normal"):
             raise TinyDiTError(f"--t-sampling must be uniform or logit-normal, got {self.t_sampling!r}")
-        if self.few_step not in ("none", "shortcut"):
-            raise TinyDiTError(f"--few-step must be none or shortcut, got {self.few_step!r}")
+        if self.few_step not in FEW_STEP:
+            raise TinyDiTError(f"--few-step must be one of {', '.join(FEW_STEP)}; got {self.few_step!r}")
+        self._check_distill()
         if self.t_shift <= 0:
             raise TinyDiTError(f"--t-shift must be > 0, got {self.t_shift}")
         if self.precision not in ("auto", *PRECISIONS):
@@ -119,6 +131,32 @@ class TrainConfig:
             raise TinyDiTError(f"--compile must be auto, on or off; got {self.compile!r}")
         if self.sample_cfg < 0:
             raise TinyDiTError(f"sample_cfg (guidance scale) must be >= 0, got {self.sample_cfg}")
+
+    def _check_distill(self) -> None:
+        self.teacher_cfg_interval = tuple(float(v) for v in self.teacher_cfg_interval)
+        if self.few_step != "distill":
+            if self.teacher is not None:
+                raise TinyDiTError("--teacher is only used with --few-step distill; add it or drop --teacher")
+            return
+        from tinydit.distill import KNOTS
+        from tinydit.sampling import check_sampler_args
+
+        if self.teacher is None:
+            raise TinyDiTError("--few-step distill learns from a trained model: pass its checkpoint.pt with --teacher")
+        if self.teacher_sampler not in ("euler", "heun", "midpoint"):
+            raise TinyDiTError(f"--teacher-sampler must be euler, heun or midpoint, got {self.teacher_sampler!r}")
+        if self.teacher_steps < 1 or self.teacher_steps % KNOTS:
+            raise TinyDiTError(f"--teacher-steps must be a positive multiple of {KNOTS} (the teacher's path is "
+                               f"kept at t = k/{KNOTS}), got {self.teacher_steps}")  # fmt: skip
+        check_sampler_args(self.teacher_steps, self.teacher_cfg, self.teacher_sampler,
+                           cfg_interval=self.teacher_cfg_interval)  # fmt: skip
+        if self.distill_paths < 1:
+            raise TinyDiTError(f"--distill-paths must be >= 1, got {self.distill_paths}")
+        if self.cond != "class":
+            raise TinyDiTError("--few-step distill works with class-conditional models for now; drop --cond text")
+        if self.arch_overrides():
+            raise TinyDiTError(f"the student copies the teacher's architecture; drop "
+                               f"{', '.join('--' + k.replace('_', '-') for k in self.arch_overrides())}")  # fmt: skip
 
     def _resolve_holdout(self) -> str | None:
         """The held-out phrases, written out in full ("" for none) for text runs; None for class runs."""

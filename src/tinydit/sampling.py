@@ -35,7 +35,7 @@ from tinydit.grids import DEFAULT_SHIFT, GRIDS, check_grid, shifted_grid, time_g
 __all__ = ["SampleResult", "SAMPLERS", "GRIDS", "DEFAULT_SHIFT", "sample", "check_sampler_args", "uniform_grid",
            "shifted_grid", "time_grid", "null_condition", "guided_velocity", "euler_sample", "heun_sample",
            "midpoint_sample", "dopri5_sample", "sampler_settings", "generate", "class_cycle",
-           "resolve_labels", "resolve_prompts"]  # fmt: skip
+           "resolve_labels", "resolve_prompts", "sample_path"]  # fmt: skip
 
 
 @dataclass
@@ -247,6 +247,43 @@ def _midpoint_step(f: _Velocity, x: torch.Tensor, t: float, t_next: float) -> to
     h = t_next - t
     x_mid = x + 0.5 * h * f(x, t)
     return x + h * f(x_mid, t + 0.5 * h)
+
+
+_STEPPERS = {"euler": _euler_step, "heun": _heun_step, "midpoint": _midpoint_step}
+
+
+@torch.no_grad()
+def sample_path(
+    name: str,
+    model: nn.Module,
+    noise: torch.Tensor,
+    y: torch.Tensor,
+    knots: int,
+    steps_per_knot: int = 1,
+    cfg_scale: float = 1.0,
+    *,
+    cfg_interval: tuple[float, float] | None = None,
+) -> tuple[torch.Tensor, int]:
+    """A fixed-step sampler's path recorded at ``knots`` + 1 evenly spaced times (for distillation).
+
+    Runs ``name`` (euler, heun or midpoint) on the uniform grid of ``knots * steps_per_knot`` steps,
+    which is exactly ``sample(name, ..., steps=knots * steps_per_knot)``, and keeps x at t = k / knots.
+    Returns (states (knots + 1, N, C, H, W), where states[k] is x at t = k / knots, so states[knots] is
+    the noise and states[0] the sample; model evaluations per image).
+    """
+    if name not in _STEPPERS:
+        raise TinyDiTError(f"a recorded path needs a fixed-step sampler ({', '.join(_STEPPERS)}), got {name!r}")
+    if knots < 1 or steps_per_knot < 1:
+        raise TinyDiTError(f"knots and steps per knot must be >= 1, got {knots} and {steps_per_knot}")
+    steps = knots * steps_per_knot
+    check_sampler_args(steps, cfg_scale, name, cfg_interval=cfg_interval)
+    f, ts = _Velocity(model, y, cfg_scale, cfg_interval), uniform_grid(steps).tolist()
+    x, states = noise, [noise]
+    for i, (t, t_next) in enumerate(zip(ts[:-1], ts[1:], strict=True)):
+        x = _STEPPERS[name](f, x, t, t_next)
+        if (i + 1) % steps_per_knot == 0:
+            states.append(x)
+    return torch.stack(states[::-1]), f.nfe
 
 
 # --- the adaptive sampler: Dormand-Prince 5(4) --------------------------------------------------------------

@@ -15,6 +15,7 @@ the empty caption instead of the null label.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import signal
@@ -28,7 +29,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from tinydit import __version__, get_device
+from tinydit import __version__, distill, get_device
 from tinydit.checkpoint import load_checkpoint, save_checkpoint, unwrap
 from tinydit.config import TRAJECTORY_FIELDS, TrainConfig
 from tinydit.data import canonical_name, load_dataset
@@ -135,6 +136,11 @@ class Trainer:
         self.precision = resolve_precision(cfg.precision, self.device)
         self.compiled = resolve_compile(cfg.compile, self.device)
         ensure_writable_dir(self.out)
+        # Distillation: the student copies the teacher's preset and architecture (tinydit.distill).
+        self.teacher_state = None
+        if cfg.few_step == "distill":
+            self.teacher_state = distill.load_teacher(cfg.teacher, cfg.model, canonical_name(cfg.data))
+            cfg.preset = self.teacher_state["train_config"]["preset"]
 
         state = None
         if self.ckpt_path.exists() and not overwrite:
@@ -161,11 +167,14 @@ class Trainer:
             self.val_tokens = self.tokenizer.encode(self.val_set.captions, warn=False)  # unseen words: <unk>
             data.update(vocab_size=self.tokenizer.vocab_size, text_len=self.tokenizer.max_len)
         self.prompts = self._grid_prompts() if self.text else []
-        self.batch_size = min(cfg.batch_size, len(self.train_set))
-        self.steps_per_epoch = len(self.train_set) // self.batch_size
-        self.model_config = preset_config(
-            cfg.model, cfg.preset, **data, **cfg.arch_overrides(), shortcut=cfg.few_step == "shortcut", cond=cfg.cond
-        )
+        if self.teacher_state is not None:
+            teacher_config = config_from_dict(cfg.model, self.teacher_state["model_config"])
+            self.model_config = dataclasses.replace(teacher_config, shortcut=True)
+        else:
+            self.model_config = preset_config(
+                cfg.model, cfg.preset, **data, **cfg.arch_overrides(), shortcut=cfg.few_step == "shortcut",
+                cond=cfg.cond,
+            )
         if state is not None:
             # A run keeps the architecture it started with, even if its preset has changed since
             # (presets follow the ablations); only the data's shape must still match.
@@ -175,6 +184,8 @@ class Trainer:
 
         torch.manual_seed(cfg.seed)
         self.model = build_model(cfg.model, self.model_config).to(self.device)  # fp32 master weights, saved as they are
+        if self.teacher_state is not None and state is None:
+            distill.init_student(self.model, self.teacher_state["ema"])
         self.ema = copy.deepcopy(self.model).requires_grad_(False).eval()
         self.opt = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=cfg.weight_decay
@@ -192,8 +203,19 @@ class Trainer:
         elif overwrite:
             for old in (self.out / "metrics.jsonl",):
                 old.unlink(missing_ok=True)
+        self.paths = self.val_paths = None  # distillation: the teacher's paths (tinydit.distill.TeacherPaths)
+        if self.teacher_state is not None:
+            self.paths, self.val_paths = distill.run_paths(cfg, self.teacher_state, self.out / "teacher_paths.pt",
+                                                           self.device, self.precision, self.progress)
+            self._log({"step": self.step, "teacher_paths": len(self.paths), "teacher_nfe": self.paths.nfe,
+                       "teacher_seconds": round(self.paths.seconds, 1)})  # fmt: skip
+        self.n_train = len(self.paths) if self.paths is not None else len(self.train_set)
+        self.batch_size = min(cfg.batch_size, self.n_train)
+        self.steps_per_epoch = self.n_train // self.batch_size
         self._perm_epoch, self._perm = -1, torch.empty(0, dtype=torch.long)
         self._write_config()
+
+    # ---------------------------------------------------------------------------------- distillation
 
     # ---------------------------------------------------------------------------------- text data
 
@@ -339,7 +361,7 @@ class Trainer:
     def batch_indices(self, step: int) -> torch.Tensor:
         epoch, i = divmod(step, self.steps_per_epoch)
         if epoch != self._perm_epoch:
-            self._perm = torch.randperm(len(self.train_set), generator=_generator(self.cfg.seed, 7919, epoch))
+            self._perm = torch.randperm(self.n_train, generator=_generator(self.cfg.seed, 7919, epoch))
             self._perm_epoch = epoch
         return self._perm[i * self.batch_size : (i + 1) * self.batch_size]
 
@@ -348,6 +370,8 @@ class Trainer:
         cfg, dev = self.cfg, self.device
         g = _generator(cfg.seed, self.step)
         idx = self.batch_indices(self.step)
+        if self.paths is not None:
+            return self._optimizer_step(self._distill_loss(idx, g))
         x, y = self._batch(self.train_set, self.train_tokens, idx, generator=g)  # (B, C, H, W), (B,) or (B, L)
         n = x.shape[0]
         t = sample_t(n, generator=g, device=dev, kind=cfg.t_sampling, shift=cfg.t_shift)  # (B,)
@@ -366,15 +390,27 @@ class Trainer:
                 n_fm = n - n_self_consistency(n)  # the rest are self-consistency examples
             else:
                 per_sample = flow_loss(self.forward, x, y, t, noise, reduce=False)  # (B,)
-        loss = per_sample.mean()
         bins = t_bins(t[:n_fm])  # summed on the device, read at logging time: no sync per step
         self.bin_loss.index_add_(0, bins, per_sample[:n_fm].detach().float())
         self.bin_count.index_add_(0, bins, torch.ones_like(t[:n_fm]))
+        return self._optimizer_step(per_sample.mean())
+
+    def _distill_loss(self, idx: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+        """The student's loss on the teacher paths ``idx`` (no guidance dropout: guidance is in the paths)."""
+        for group in self.opt.param_groups:
+            group["lr"] = self.lr_at(self.step)
+        states = self.paths.states[idx].to(self.device, non_blocking=True)  # (B, KNOTS + 1, C, H, W) float16
+        y = self.paths.y[idx].to(self.device)
+        with autocast(self.device, self.precision):
+            return distill.distill_loss(self.forward, states, y, generator=g)
+
+    def _optimizer_step(self, loss: torch.Tensor) -> torch.Tensor:
+        """Backward, clip, step, EMA; returns the detached loss."""
         self.opt.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
-        if cfg.grad_clip > 0:
+        if self.cfg.grad_clip > 0:
             self.scaler.unscale_(self.opt)  # clip the true gradients, not the scaled ones
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         self.scaler.step(self.opt)
         self.scaler.update()
         ema_update(self.ema, self.model, self.ema_decay_at(self.step))
@@ -391,7 +427,15 @@ class Trainer:
     @torch.no_grad()
     def validation_losses(self, model: nn.Module) -> tuple[float, list[float]]:
         """The validation loss, and the same loss in N_T_BINS equal bins of t (each bin holds the same
-        number of images, because the validation times are evenly spread)."""
+        number of images, because the validation times are evenly spread). Distillation: the student's
+        loss on the teacher's validation paths, and the same for each step count of STUDENT_STEPS."""
+        if self.val_paths is not None:
+            was_training = model.training
+            model.eval()
+            paths = self.val_paths
+            by_steps = distill.distill_losses_by_steps(model, paths.states.to(self.device), paths.y.to(self.device))
+            model.train(was_training)
+            return sum(by_steps) / len(by_steps), by_steps
         val, tokens = self.val_set, self.val_tokens
         n = len(val)
         g = torch.Generator().manual_seed(VAL_SEED)
@@ -423,8 +467,11 @@ class Trainer:
             y, nrow = class_cycle(per_class * cfg.n_classes, cfg.n_classes, self.device), cfg.n_classes
         gen = _generator(self.cfg.seed, 31)
         noise = torch.randn(len(y), cfg.in_channels, cfg.img_size, cfg.img_size, generator=gen)  # (n, C, H, W)
+        steps, scale = self.cfg.sample_steps, self.cfg.sample_cfg
+        if self.paths is not None:
+            steps, scale = 4, 1.0  # a distilled student: 4 steps, guidance already in its paths
         with autocast(self.device, self.precision):
-            x = euler_sample(self.ema_forward, noise.to(self.device), y, self.cfg.sample_steps, self.cfg.sample_cfg).x
+            x = euler_sample(self.ema_forward, noise.to(self.device), y, steps, scale).x
         folder = self.out / "samples"
         folder.mkdir(exist_ok=True)
         path = folder / f"step_{self.step:06d}.png"
@@ -435,8 +482,8 @@ class Trainer:
     def _validate(self) -> tuple[float, float, list[float]]:
         val = self.validation_loss(self.model)
         val_ema, by_t = self.validation_losses(self.ema)
-        self._log({"step": self.step, "val_loss": val, "val_loss_ema": val_ema,
-                   "val_loss_ema_by_t": [round(v, 5) for v in by_t]})  # fmt: skip
+        key = "val_loss_ema_by_steps" if self.paths is not None else "val_loss_ema_by_t"
+        self._log({"step": self.step, "val_loss": val, "val_loss_ema": val_ema, key: [round(v, 5) for v in by_t]})
         return val, val_ema, by_t
 
     # ---------------------------------------------------------------------------------- the loop
@@ -527,6 +574,10 @@ class Trainer:
         self.save()
         print(f"step {self.step}: val loss {val:.4f} (EMA {val_ema:.4f}) after "
               f"{self.train_seconds / 60:.1f} min; checkpoint {self.ckpt_path}, samples {samples}", file=sys.stderr)
-        print(f"EMA val loss by t (0 = data ... 1 = noise, {N_T_BINS} bins): "
-              + " ".join(f"{v:.3f}" for v in by_t), file=sys.stderr)
+        if self.paths is not None:
+            pairs = zip(distill.STUDENT_STEPS, by_t, strict=True)
+            print("EMA val loss by step count: " + ", ".join(f"{n} steps {v:.4f}" for n, v in pairs), file=sys.stderr)
+        else:
+            print(f"EMA val loss by t (0 = data ... 1 = noise, {N_T_BINS} bins): "
+                  + " ".join(f"{v:.3f}" for v in by_t), file=sys.stderr)
         return TrainResult(self.step, self.train_seconds, val, val_ema, self.ckpt_path, samples)
