@@ -108,7 +108,11 @@ def test_distillation_resumes_exactly_reuses_its_paths_and_samples_in_one_step(t
         assert torch.equal(v, resumed.model.state_dict()[k]), k
     code = main(["sample", "--checkpoint", str(tmp_path / "a" / "checkpoint.pt"), "--steps", "1", "--cfg", "1",
                  "--n", "4", "--precision", "fp32", "--out", str(tmp_path / "one.png")])  # fmt: skip
-    assert code == 0 and "1 model evaluations per image" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert code == 0 and "1 model evaluations per image" in err and "warning" not in err  # trained settings
+    main(["sample", "--checkpoint", str(tmp_path / "a" / "checkpoint.pt"), "--sampler", "heun", "--n", "2",
+          "--precision", "fp32", "--out", str(tmp_path / "heun.png")])  # fmt: skip
+    assert "warning: this checkpoint is a distilled student" in capsys.readouterr().err
     with pytest.raises(TinyDiTError, match="teacher_cfg: 3.0 -> 2.0"):
         Trainer(fast_config(tmp_path / "a", **{**kw, "teacher_cfg": 2.0, "steps": 5}), progress=False)
 

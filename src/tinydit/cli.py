@@ -277,6 +277,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     import time
 
     from tinydit.checkpoint import load_model, tokenizer_of
+    from tinydit.distill import warn_if_untrained_settings
     from tinydit.export import check_output, write_samples
     from tinydit.runtime import autocast, maybe_compile, resolve_compile, resolve_precision
     from tinydit.sampling import check_sampler_args, generate, resolve_labels, resolve_prompts
@@ -288,6 +289,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     precision = resolve_precision(args.precision, device)
     model, state = load_model(args.checkpoint, ema=not args.no_ema, map_location=device)
+    warn_if_untrained_settings(state, args.sampler, args.steps, args.cfg, args.grid)
     forward = maybe_compile(model, resolve_compile(args.compile, device))
     classes, tokenizer = state["data"]["classes"], tokenizer_of(state)
     if tokenizer is None:  # a class model

@@ -41,10 +41,11 @@ from tinydit.errors import TinyDiTError
 from tinydit.sampling import class_cycle, sample_path
 
 __all__ = ["KNOTS", "STUDENT_STEPS", "TeacherPaths", "teacher_paths", "distill_loss", "distill_losses_by_steps",
-           "init_student", "load_teacher", "run_paths"]  # fmt: skip
+           "init_student", "load_teacher", "run_paths", "warn_if_untrained_settings"]  # fmt: skip
 
 KNOTS = 8  # the teacher's path is kept at t = 0, 1/8, ..., 1
 STUDENT_STEPS = (1, 2, 4, 8)  # the step counts the student learns; each divides KNOTS
+STEP_PROBS = (0.25, 0.25, 0.25, 0.25)  # how often each step count is trained
 
 
 @dataclass
@@ -149,13 +150,13 @@ def distill_loss(
     generator: torch.Generator | None = None,
     reduce: bool = True,
 ) -> torch.Tensor:
-    """The student's loss on a batch of teacher paths: one jump per image, of a step count drawn
-    uniformly from ``STUDENT_STEPS`` and a start drawn uniformly from that count's knots.
+    """The student's loss on a batch of teacher paths: one jump per image, of a step count drawn from
+    ``STUDENT_STEPS`` with probabilities ``STEP_PROBS`` and a start drawn uniformly from that count's knots.
 
     states: (B, KNOTS + 1, C, H, W) on the model's device; y: (B,). Returns the mean, or (B,) with reduce=False.
     """
     b, dev = len(y), states.device
-    choice = torch.randint(len(STUDENT_STEPS), (b,), generator=generator)
+    choice = torch.multinomial(torch.tensor(STEP_PROBS), b, replacement=True, generator=generator)  # (B,)
     n_steps = torch.tensor(STUDENT_STEPS)[choice]  # (B,)
     r = (torch.rand(b, generator=generator) * n_steps).long() + 1  # (B,) which jump, 1..n_steps
     j = r * (KNOTS // n_steps)  # (B,) the start knot
@@ -224,3 +225,14 @@ def run_paths(cfg, teacher_state: dict, cache: Path, device, precision: str, pro
     print(f"teacher paths: {len(train)} in {train.seconds:.0f} s ({train.nfe} evaluations each), cached in {cache}",
           file=sys.stderr)  # fmt: skip
     return train, runs["val"]
+
+
+def warn_if_untrained_settings(state: dict, sampler: str, steps: int, cfg_scale: float, grid: str = "uniform") -> None:
+    """Warn when a distilled student is sampled in a way it never learned: it takes 1, 2, 4 or 8 Euler
+    steps on the uniform grid at guidance 1 (the teacher's guidance is in its paths)."""
+    if state.get("train_config", {}).get("few_step") != "distill":
+        return
+    if sampler != "euler" or steps not in STUDENT_STEPS or cfg_scale != 1.0 or grid != "uniform":
+        warnings.warn(f"this checkpoint is a distilled student, trained for {', '.join(map(str, STUDENT_STEPS))} "
+                      f"euler steps on the uniform grid at guidance 1 (--cfg 1); {sampler} with {steps} steps, "
+                      f"{grid} grid and guidance {cfg_scale:g} were never trained", stacklevel=2)  # fmt: skip

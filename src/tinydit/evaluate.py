@@ -308,12 +308,14 @@ def generate_for_eval(
     holds the prompt-adherence scores of the samples (``adherence_*``, ``tinydit.adherence``).
     """
     from tinydit.checkpoint import load_model
+    from tinydit.distill import warn_if_untrained_settings
     from tinydit.sampling import generate, sampler_settings
 
     settings = sampler_settings(sampler, steps, cfg_scale, **options)  # checks them before any work
     if n < 1:
         raise TinyDiTError(f"--n must be >= 1, got {n}")
     model, state = load_model(checkpoint, map_location=device)
+    warn_if_untrained_settings(state, sampler, steps, cfg_scale, options.get("grid") or "uniform")
     trained_on = state["data"]["name"]
     if data is not None and canonical_name(data) != trained_on:
         raise TinyDiTError(f"{checkpoint} was trained on {trained_on}, not {data}; drop --data")
