@@ -40,10 +40,11 @@ from dataclasses import replace
 
 import torch
 
+from tinydit.distill import KNOTS, distill_loss
 from tinydit.flow import flow_loss
 from tinydit.model import PRESETS, SWITCHES, DiT, DiTConfig, count_params, get_preset
 from tinydit.runtime import autocast, cpu_has_native_bf16, maybe_compile
-from tinydit.sampling import euler_sample
+from tinydit.sampling import euler_sample, sample_path
 from tinydit.shortcut import shortcut_loss
 from tinydit.train import ema_update, resolve_device
 
@@ -82,7 +83,9 @@ class Workload:
     def __init__(self, name: str, model: torch.nn.Module, forward: Callable, cfg: DiTConfig, batch: int,
                  device: torch.device, precision: str):  # fmt: skip
         self.name, self.model, self.cfg, self.batch = name, model, cfg, batch
-        self.shortcut = getattr(cfg, "shortcut", False)  # train with the shortcut objective instead
+        # The objective: flow matching, or shortcut models' for a model that takes step sizes. The
+        # distillation student (also a step-size model) is set to "distill" by its caller.
+        self.objective = "shortcut" if getattr(cfg, "shortcut", False) else "flow"
         self.forward, self.device, self.precision = forward, device, precision
         self.ema = copy.deepcopy(model).requires_grad_(False)
         self.opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.99))
@@ -95,8 +98,13 @@ class Workload:
 
     def step(self) -> None:
         with autocast(self.device, self.precision):  # the trainer's own losses
-            if self.shortcut:
+            if self.objective == "shortcut":
                 loss = shortcut_loss(self.forward, self.x, self.y, self.t, self.noise, torch.Generator().manual_seed(0))
+            elif self.objective == "distill":
+                if not hasattr(self, "paths"):  # teacher paths at the 9 knots, stored in fp16 as the trainer does
+                    paths = torch.randn(self.batch, KNOTS + 1, *self.x.shape[1:], generator=torch.Generator())
+                    self.paths = paths.to(torch.float16).to(self.device)
+                loss = distill_loss(self.forward, self.paths, self.y, torch.Generator().manual_seed(0))
             else:
                 loss = flow_loss(self.forward, self.x, self.y, self.t, self.noise)
         self.opt.zero_grad(set_to_none=True)
@@ -112,6 +120,23 @@ class Workload:
             self.step()
         sync(self.device)
         return (time.perf_counter() - start) / steps
+
+
+def teacher_path_rate(w: Workload, device: torch.device, precision: str, n: int = 500) -> float:
+    """Teacher paths per second: ``n`` paths in one batch, as ``tinydit.distill.teacher_paths`` samples them."""
+    noise = torch.randn(n, w.cfg.in_channels, w.cfg.img_size, w.cfg.img_size, device=device)
+    y = torch.arange(n, device=device) % w.cfg.n_classes
+    w.model.eval()
+    times = []
+    for _ in range(3):
+        sync(device)
+        start = time.perf_counter()
+        with torch.no_grad(), autocast(device, precision):
+            sample_path("heun", w.model, noise, y, KNOTS, 1, 3.0, cfg_interval=(0.1, 0.7))
+        sync(device)
+        times.append(time.perf_counter() - start)
+    w.model.train()
+    return n / sorted(times)[1]
 
 
 def tinydit_workload(cfg: DiTConfig, batch: int, device: torch.device, precision: str, compiled: bool) -> Workload:
@@ -286,14 +311,19 @@ def main() -> None:
         cfg = get_preset(presets[0], img_size=size, in_channels=channels)
         plain = tinydit_workload(cfg, args.batch, device, args.precision, args.compile)
         shortcut = tinydit_workload(replace(cfg, shortcut=True), args.batch, device, args.precision, args.compile)
-        t_plain, t_short = race([plain, shortcut], args.steps, args.repeats)
+        student = tinydit_workload(replace(cfg, shortcut=True), args.batch, device, args.precision, args.compile)
+        student.objective = "distill"
+        t_plain, t_short, t_student = race([plain, shortcut, student], args.steps, args.repeats)
         print(f"config: {presets[0]} ({args.shape}), batch {args.batch}, {args.precision}")
         print()
         print("| objective | train img/s | step ms | cost vs flow matching |")
         print("|---|---|---|---|")
         print(f"| flow matching | {args.batch / t_plain:.0f} | {1000 * t_plain:.0f} | 1.00x |")
-        print(f"| shortcut (1/4 self-consistency) | {args.batch / t_short:.0f} | {1000 * t_short:.0f} | "
-              f"{t_short / t_plain:.2f}x |")
+        for name, t in (("shortcut (1/4 self-consistency)", t_short), ("distillation student", t_student)):
+            print(f"| {name} | {args.batch / t:.0f} | {1000 * t:.0f} | {t / t_plain:.2f}x |")
+        print()
+        print(f"teacher paths for distillation: {teacher_path_rate(plain, device, args.precision):.0f} paths/s "
+              "(heun, 8 steps, guidance 3 for t in [0.1, 0.7]: 25 evaluations each, the --few-step distill default)")
         return
 
     if args.switches:
