@@ -215,8 +215,6 @@ class Trainer:
         self._perm_epoch, self._perm = -1, torch.empty(0, dtype=torch.long)
         self._write_config()
 
-    # ---------------------------------------------------------------------------------- distillation
-
     # ---------------------------------------------------------------------------------- text data
 
     def _hold_out(self, ds, phrases: tuple[str, ...]):
@@ -381,8 +379,6 @@ class Trainer:
         drop = drop.view(-1, *[1] * (y.dim() - 1))  # (B,) or (B, 1)
         y = torch.where(drop, unwrap(self.model).null_condition(y), y)
 
-        for group in self.opt.param_groups:
-            group["lr"] = self.lr_at(self.step)
         n_fm = n  # images trained by plain flow matching at their time t
         with autocast(dev, self.precision):
             if cfg.few_step == "shortcut":
@@ -397,15 +393,15 @@ class Trainer:
 
     def _distill_loss(self, idx: torch.Tensor, g: torch.Generator) -> torch.Tensor:
         """The student's loss on the teacher paths ``idx`` (no guidance dropout: guidance is in the paths)."""
-        for group in self.opt.param_groups:
-            group["lr"] = self.lr_at(self.step)
         states = self.paths.states[idx].to(self.device, non_blocking=True)  # (B, KNOTS + 1, C, H, W) float16
         y = self.paths.y[idx].to(self.device)
         with autocast(self.device, self.precision):
             return distill.distill_loss(self.forward, states, y, generator=g)
 
     def _optimizer_step(self, loss: torch.Tensor) -> torch.Tensor:
-        """Backward, clip, step, EMA; returns the detached loss."""
+        """Backward, clip, step at this step's learning rate, EMA; returns the detached loss."""
+        for group in self.opt.param_groups:
+            group["lr"] = self.lr_at(self.step)
         self.opt.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
         if self.cfg.grad_clip > 0:
