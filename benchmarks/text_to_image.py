@@ -51,12 +51,15 @@ def main() -> None:
     parser.add_argument("--dit-preset", default="dit-1.9m", help="trained with --cond text (pooled caption only)")
     parser.add_argument("--holdout", default=SHAPES_HOLDOUT, help="caption phrases never trained on")
     parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--lr", type=float, default=TrainConfig.lr, help="peak learning rate of both models")
     parser.add_argument("--limit", type=int, default=None, help="train on the first N shapes images only")
     parser.add_argument("--n-seen", type=int, default=420, help="samples over the 210 seen combinations")
     parser.add_argument("--n-held-out", type=int, default=140, help="samples over the 14 held-out combinations")
-    parser.add_argument("--sampler", default="euler", help="euler | heun | midpoint | dopri5 (see tinydit.sampling)")
+    parser.add_argument("--sampler", default="euler", help="euler | heun | midpoint | dopri5 | ancestral")
     parser.add_argument("--steps", type=int, default=32, help="sampler steps per sample")
     parser.add_argument("--cfg", type=float, default=2.0, help="guidance scale (the empty caption is unconditional)")
+    parser.add_argument("--cfg-interval", type=float, nargs=2, default=None, metavar=("LO", "HI"),
+                        help="guide only for LO <= t <= HI (1 = noise); default: everywhere")
     parser.add_argument("--precision", default="auto")
     parser.add_argument("--t-sampling", default=None, choices=["uniform", "logit-normal"],
                         help="training times for both models (default: the trainer's for text runs, logit-normal)")
@@ -81,8 +84,8 @@ def main() -> None:
     }
 
     def train_config(name: str, steps: int) -> TrainConfig:
-        return TrainConfig(out=str(root / name), data="shapes", steps=steps, batch_size=args.batch, limit=args.limit,
-                           holdout=args.holdout, seed=args.seed, precision=precision, compile="off",
+        return TrainConfig(out=str(root / name), data="shapes", steps=steps, batch_size=args.batch, lr=args.lr,
+                           limit=args.limit, holdout=args.holdout, seed=args.seed, precision=precision, compile="off",
                            t_sampling=args.t_sampling,
                            sample_every=10**9, ckpt_every=500, **variants[name])  # fmt: skip
 
@@ -123,7 +126,8 @@ def main() -> None:
         model, _ = load_model(trained.checkpoint, map_location=device)  # the EMA weights
         sampled = time.perf_counter()
         scores = measure(model, trainer.tokenizer, holdout, args.n_seen, args.n_held_out, steps=args.steps,
-                         cfg_scale=args.cfg, seed=args.seed, sampler=args.sampler)  # fmt: skip
+                         cfg_scale=args.cfg, seed=args.seed, sampler=args.sampler,
+                         cfg_interval=args.cfg_interval)  # fmt: skip
         results[name] = {"preset": trainer.cfg.preset, "params": params[name], "img_per_s": args.batch / step_s,
                          "steps": steps, "train_seconds": trained.train_seconds,
                          "val_loss_ema": trained.val_loss_ema, "sample_seconds": time.perf_counter() - sampled,
@@ -134,8 +138,8 @@ def main() -> None:
     lines = [
         f"# Text-to-image on shapes: MMDiT vs a DiT conditioned on the pooled caption ({datetime.date.today()})",
         "", "```", f"python benchmarks/text_to_image.py {' '.join(sys.argv[1:])}".rstrip(), "```", "",
-        f"{args.minutes:g} min of training each ({precision}, batch {args.batch}); held out of training: "
-        f"{', '.join(holdout) or 'nothing'}. Samples: EMA weights, {args.sampler} {args.steps} steps, "
+        f"{args.minutes:g} min of training each ({precision}, batch {args.batch}, lr {args.lr:g}); held out of "
+        f"training: {', '.join(holdout) or 'nothing'}. Samples: EMA weights, {args.sampler} {args.steps} steps, "
         f"guidance {args.cfg:g}, the same prompts and noise for both models; read back with "
         "tinydit.shapes.read_shape.", "",
         "| model | preset | parameters | train img/s | steps | EMA val loss |", "|---|---|---|---|---|---|",
@@ -174,9 +178,10 @@ def score_only(args: argparse.Namespace, device) -> None:
             name = run.name if len(cfgs) == 1 else f"{run.name}, guidance {cfg_scale:g}"
             scores, table = measure(model, tokenizer, holdout, args.n_seen, args.n_held_out, steps=args.steps,
                                     cfg_scale=cfg_scale, seed=args.seed, with_confusion=True,
-                                    sampler=args.sampler)  # fmt: skip
+                                    sampler=args.sampler, cfg_interval=args.cfg_interval)  # fmt: skip
             results[name] = scores
-            saved[f"{run.name}/{args.sampler}{args.steps}/cfg{cfg_scale:g}"] = {"scores": scores,
+            interval = "" if args.cfg_interval is None else "[{:g},{:g}]".format(*args.cfg_interval)
+            saved[f"{run.name}/{args.sampler}{args.steps}/cfg{cfg_scale:g}{interval}"] = {"scores": scores,
                                                                                 "shape_confusion": table}
             lines += [f"{name} (step {state['step']}): how each prompted shape reads back", "",
                       confusion_table(table), ""]  # fmt: skip

@@ -63,8 +63,14 @@ def test_sampler_options_reach_the_sampler_and_count_evaluations(tmp_path, capsy
     code, err = run([*base, "--sampler", "dopri5", "--rtol", 0.05, "--atol", 0.05, "--out", tmp_path / "d.npz"],
                     capsys)  # fmt: skip
     assert code == 0 and "(dopri5, " in err, err
-    images = [np.load(tmp_path / f"{k}.npz")["images"] for k in "hmd"]
+    # The ancestral sampler: one evaluation per step, two while guided (here both steps); eta 0 is Euler.
+    code, err = run([*base, "--sampler", "ancestral", "--eta", 0.5, "--out", tmp_path / "a.npz"], capsys)
+    assert code == 0 and "(ancestral, 4 model evaluations per image" in err, err
+    code, err = run([*base, "--sampler", "ancestral", "--eta", 0, "--out", tmp_path / "z.npz"], capsys)
+    code, err = run([*base, "--sampler", "euler", "--out", tmp_path / "e.npz"], capsys)
+    images = [np.load(tmp_path / f"{k}.npz")["images"] for k in "hmdaze"]
     assert all(x.shape == (4, 3, 32, 32) for x in images) and not np.array_equal(images[0], images[1])
+    assert np.array_equal(images[4], images[5]) and not np.array_equal(images[3], images[5])
 
 
 def test_sample_in_bf16_stays_close_to_fp32(tmp_path, capsys, tiny_run):
@@ -117,6 +123,7 @@ def _not_a_checkpoint(tmp_path):
     (lambda p: ["sample", "--checkpoint", "CKPT", "--shift", 2], "--shift applies to the shifted grid only"),
     (lambda p: ["sample", "--checkpoint", "CKPT", "--cfg-interval", 0.9, 0.1], "needs 0 <= LO <= HI <= 1"),
     (lambda p: ["sample", "--checkpoint", "CKPT", "--rtol", 1e-3], "--rtol applies to the adaptive sampler"),
+    (lambda p: ["sample", "--checkpoint", "CKPT", "--eta", 0.5], "--eta applies to the stochastic sampler"),
     (lambda p: ["eval", "--checkpoint", "CKPT", "--sampler", "rk4", "--out", p / "e"], "unknown sampler 'rk4'"),
     (lambda p: ["sample", "--checkpoint", "CKPT", "--precision", "fp16", "--device", "cpu", "--out", p / "x.png"],
      "--precision fp16 needs a CUDA device"),

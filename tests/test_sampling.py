@@ -10,10 +10,20 @@ from torch import nn
 
 from tinydit.errors import TinyDiTError
 from tinydit.grids import GRIDS, shifted_grid, time_grid, uniform_grid
-from tinydit.sampling import SAMPLERS, check_sampler_args, dopri5_sample, euler_sample, generate, heun_sample, sample
+from tinydit.sampling import (
+    SAMPLERS,
+    ancestral_sample,
+    check_sampler_args,
+    dopri5_sample,
+    euler_sample,
+    generate,
+    heun_sample,
+    sample,
+)
 
 ORDER = {"euler": 1, "heun": 2, "midpoint": 2}  # the fixed-step samplers and their convergence order
 NFE = {"euler": lambda s: s, "heun": lambda s: 2 * s - 1, "midpoint": lambda s: 2 * s}  # Heun: last step Euler
+DETERMINISTIC = {"ancestral": {"eta": 0.0}}  # options that make a stochastic sampler deterministic (Euler)
 
 
 class Field(nn.Module):
@@ -71,7 +81,7 @@ def test_straight_paths_are_exact_for_every_sampler(name):
     # A constant velocity is integrated exactly by all of them: x(0) = x1 - v.
     x1, y = x1_and_y()
     v = torch.tensor(0.3, dtype=torch.float64)
-    res = SAMPLERS[name](Field(lambda x, t, y: v.expand_as(x)), x1, y, 3)
+    res = SAMPLERS[name](Field(lambda x, t, y: v.expand_as(x)), x1, y, 3, **DETERMINISTIC.get(name, {}))
     assert torch.allclose(res.x, x1 - v, atol=1e-12)
 
 
@@ -116,18 +126,81 @@ def test_guidance_interval_counts_one_evaluation_outside_it(name):
     # x(0) = x1 - (0.5 * 3 + 0.5 * 1) = x1 - 2 for an exact integrator of this piecewise constant field.
     f = Field(lambda x, t, y: torch.where(y == 2, -1.0, 1.0).view(-1, 1, 1, 1).expand_as(x).to(x.dtype))
     x1, y = x1_and_y(n=2)
-    res = SAMPLERS[name](f, x1, y, 8, 2.0, cfg_interval=(0.25, 0.75))
+    opts = DETERMINISTIC.get(name, {})
+    res = SAMPLERS[name](f, x1, y, 8, 2.0, cfg_interval=(0.25, 0.75), **opts)
     guided = sum(b == 4 for b in f.batches)
     assert res.nfe == len(f.batches) + guided  # 2 per guided evaluation, 1 per conditional-only one
-    if name == "euler":  # grid 1, 7/8, ..., 1/8: guided at 3/4, 5/8, 1/2, 3/8, 1/4
+    if name in ("euler", "ancestral"):  # grid 1, 7/8, ..., 1/8: guided at 3/4, 5/8, 1/2, 3/8, 1/4
         assert guided == 5 and res.nfe == 13
         assert torch.allclose(res.x, x1 - (5 * 3 + 3 * 1) / 8)
     if name == "dopri5":  # it stops at the switches, so it integrates the jump exactly
         assert torch.allclose(res.x, x1 - 2.0, atol=1e-9)
-    whole = SAMPLERS[name](f, x1, y, 8, 2.0, cfg_interval=(0.0, 1.0))
-    off = SAMPLERS[name](f, x1, y, 8, 1.0, cfg_interval=(0.25, 0.75))
+    whole = SAMPLERS[name](f, x1, y, 8, 2.0, cfg_interval=(0.0, 1.0), **opts)
+    off = SAMPLERS[name](f, x1, y, 8, 1.0, cfg_interval=(0.25, 0.75), **opts)
     assert torch.allclose(whole.x, x1 - 3.0) and torch.allclose(off.x, x1 - 1.0)
     assert off.nfe * 2 == whole.nfe or name == "dopri5"
+
+
+def gaussian_field(mu: float, s: float):
+    """The exact velocity for data x0 ~ N(mu, s^2) per element: with x_t = (1 - t) x0 + t eps and
+    var = (1 - t)^2 s^2 + t^2, E[x0 | x_t] = mu + (1 - t) s^2 (x_t - (1 - t) mu) / var and
+    E[eps | x_t] = t (x_t - (1 - t) mu) / var; v = E[eps - x0 | x_t]."""
+
+    def v(x, t, y):
+        t = t.view(-1, 1, 1, 1).to(x.dtype)
+        dev = (x - (1 - t) * mu) / ((1 - t) ** 2 * s**2 + t**2)
+        return t * dev - (mu + (1 - t) * s**2 * dev)
+
+    return Field(v)
+
+
+@pytest.mark.parametrize("eta", [0.0, 0.5, 1.0])
+def test_ancestral_sampling_draws_the_data_distribution(eta):
+    # Every eta keeps the marginals of the straight path, so with the exact field and small steps the
+    # samples follow N(mu, s^2) (std error of the mean 0.005, of the std about 0.5%, with 20,000
+    # numbers; at 32 steps the std is still 5-10% short, the first-order steps' error).
+    mu, s = 0.5, 0.3
+    noise = torch.randn(5000, 1, 2, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    y = torch.zeros(5000, dtype=torch.long)
+    res = ancestral_sample(gaussian_field(mu, s), noise, y, 512, eta=eta, generator=torch.Generator().manual_seed(1))
+    assert res.nfe == 512
+    assert abs(res.x.mean().item() - mu) < 0.02 and abs(res.x.std().item() / s - 1) < 0.03, (res.x.mean(), res.x.std())
+    if eta > 0:  # the fresh noise matters: each image moved away from its deterministic (Euler) path
+        euler = euler_sample(gaussian_field(mu, s), noise, y, 512)
+        assert (res.x - euler.x).abs().mean() > 0.05 * s
+
+
+def test_ancestral_noise_that_is_too_small_shrinks_the_samples():
+    # The test above can fail: drawing half the fresh noise the step needs (s / 2 in place of s, with
+    # the eps term unchanged) gives samples that are too narrow.
+    mu, s = 0.5, 0.3
+    noise = torch.randn(5000, 1, 2, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    y, gen = torch.zeros(5000, dtype=torch.long), torch.Generator().manual_seed(1)
+    field = gaussian_field(mu, s)
+    ts, x = torch.linspace(1, 0, 513, dtype=torch.float64).tolist(), noise
+    for t, t_next in zip(ts[:-1], ts[1:], strict=True):
+        v = field(x, torch.full((5000,), t, dtype=torch.float64), y)
+        x0, eps = x - t * v, x + (1 - t) * v
+        if t_next == 0:
+            x = x0
+            break
+        r = (1 - t) * t_next / ((1 - t_next) * t)
+        sig = t_next * math.sqrt(1 - r * r)
+        x = (1 - t_next) * x0 + math.sqrt(t_next**2 - sig**2) * eps + 0.5 * sig * torch.randn(x.shape, generator=gen)
+    assert x.std().item() / s < 0.9
+
+
+def test_ancestral_at_eta_0_is_euler_and_is_seeded_by_generate():
+    x1, y = x1_and_y()
+    a = ancestral_sample(cos_field(), x1, y, 8, 2.0, eta=0.0, cfg_interval=(0.2, 0.8))
+    b = euler_sample(cos_field(), x1, y, 8, 2.0, cfg_interval=(0.2, 0.8))
+    assert torch.allclose(a.x, b.x, atol=1e-12) and a.nfe == b.nfe
+    f = Field(lambda x, t, y: -x, n_classes=4)
+    labels = torch.arange(6) % 4
+    one = generate(f, labels, steps=4, seed=3, sampler="ancestral")
+    again = generate(f, labels, steps=4, seed=3, sampler="ancestral")
+    other = generate(f, labels, steps=4, seed=4, sampler="ancestral")
+    assert torch.equal(one.x, again.x) and not torch.allclose(one.x, other.x) and one.nfe == 4
 
 
 def test_grids_run_from_noise_to_data():
@@ -172,6 +245,8 @@ def test_generate_batches_and_reports_nfe():
     (dict(cfg_interval=(-0.1, 0.5)), "--cfg-interval"),
     (dict(rtol=1e-3), "--rtol applies to the adaptive sampler only"),
     (dict(sampler="dopri5", atol=0.0), "--atol must be a positive number"),
+    (dict(eta=0.5), "--eta applies to the stochastic sampler only"),
+    (dict(sampler="ancestral", eta=1.5), "--eta must be in \\[0, 1\\]"),
 ])  # fmt: skip
 def test_bad_sampler_arguments_are_clear_errors(kwargs, match):
     args = {"steps": 4, "cfg_scale": 1.0, **kwargs}

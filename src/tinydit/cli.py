@@ -99,7 +99,8 @@ def _add_sampler_args(p: argparse.ArgumentParser, steps: bool = True) -> None:
     """The sampler settings shared by `sample`, `eval` and `sweep` (checked by the library, not argparse,
     so a bad value is one clear line)."""
     if steps:
-        p.add_argument("--sampler", default="euler", help="euler | heun | midpoint | dopri5 (adaptive); see the README")
+        p.add_argument("--sampler", default="euler",
+                       help="euler | heun | midpoint | dopri5 (adaptive) | ancestral (stochastic); see the README")
         p.add_argument("--steps", type=int, default=32,
                        help="steps of a fixed-step sampler (heun and midpoint evaluate twice per step); "
                             "dopri5: sets only its first trial step")
@@ -111,11 +112,14 @@ def _add_sampler_args(p: argparse.ArgumentParser, steps: bool = True) -> None:
     if steps:
         p.add_argument("--rtol", type=float, default=None, help="dopri5's relative tolerance; None: 1e-3")
         p.add_argument("--atol", type=float, default=None, help="dopri5's absolute tolerance; None: 1e-3")
+        p.add_argument("--eta", type=float, default=None,
+                       help="the ancestral sampler's fresh noise per step, 0 (Euler) to 1 (DDPM's); None: 1")
 
 
 def _sampler_options(args: argparse.Namespace) -> dict:
     return {"grid": args.grid, "shift": args.shift, "cfg_interval": args.cfg_interval,
-            "rtol": getattr(args, "rtol", None), "atol": getattr(args, "atol", None)}  # fmt: skip
+            "rtol": getattr(args, "rtol", None), "atol": getattr(args, "atol", None),
+            "eta": getattr(args, "eta", None)}  # fmt: skip
 
 
 def _add_sample(sub: argparse._SubParsersAction) -> None:
@@ -175,7 +179,7 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sweep", help="quality against model evaluations across samplers, steps and guidance",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--checkpoint", required=True, help="checkpoint.pt of a fashion-mnist or shapes run (class or text)")
-    p.add_argument("--samplers", default="euler,heun", help="comma-separated: euler, heun, midpoint, dopri5")
+    p.add_argument("--samplers", default="euler,heun", help="comma-separated: euler, heun, midpoint, dopri5, ancestral")
     p.add_argument("--steps", default="4,8,16,32", help="comma-separated step counts (fixed-step samplers)")
     p.add_argument("--tols", default="1e-2,1e-3", help="comma-separated tolerances, rtol = atol (dopri5)")
     p.add_argument("--cfg", default="1,2", help="comma-separated guidance scales (1 = off)")

@@ -15,6 +15,7 @@ so it counts as two; outside the guidance interval it counts as one. ``SAMPLERS`
     heun      2nd order (trapezoidal predictor-corrector), 2 per step, 1 for the last (Euler) step to t = 0
     midpoint  2nd order (explicit midpoint), 2 per step; never evaluates the model at t = 0
     dopri5    Dormand-Prince 5(4), adaptive steps under ``rtol``/``atol``; ``steps`` only sets the first trial step
+    ancestral stochastic (DDIM's eta family on the straight path), 1 velocity per step; ``eta`` = 0 is Euler
 
 All images of a batch share one time t, so guidance is switched on or off for the whole batch.
 Time grids (where the fixed-step samplers step) are separate functions in ``tinydit.grids``, chosen by name.
@@ -34,7 +35,7 @@ from tinydit.grids import DEFAULT_SHIFT, GRIDS, check_grid, shifted_grid, time_g
 
 __all__ = ["SampleResult", "SAMPLERS", "GRIDS", "DEFAULT_SHIFT", "sample", "check_sampler_args", "uniform_grid",
            "shifted_grid", "time_grid", "null_condition", "guided_velocity", "euler_sample", "heun_sample",
-           "midpoint_sample", "dopri5_sample", "sampler_settings", "generate", "class_cycle",
+           "midpoint_sample", "dopri5_sample", "ancestral_sample", "sampler_settings", "generate", "class_cycle",
            "resolve_labels", "resolve_prompts", "sample_path"]  # fmt: skip
 
 
@@ -56,6 +57,7 @@ def check_sampler_args(
     cfg_interval: tuple[float, float] | None = None,
     rtol: float | None = None,
     atol: float | None = None,
+    eta: float | None = None,
 ) -> None:
     """Raise TinyDiTError for any setting a sampler cannot run with (before any work is done)."""
     if sampler not in SAMPLERS:
@@ -74,6 +76,10 @@ def check_sampler_args(
             raise TinyDiTError(f"--{name} applies to the adaptive sampler only; add --sampler dopri5")
         if tol is not None and not (math.isfinite(tol) and tol > 0):
             raise TinyDiTError(f"--{name} must be a positive number such as 1e-3, got {tol}")
+    if eta is not None and sampler != "ancestral":
+        raise TinyDiTError("--eta applies to the stochastic sampler only; add --sampler ancestral")
+    if eta is not None and not 0 <= eta <= 1:
+        raise TinyDiTError(f"--eta must be in [0, 1] (0: deterministic, as Euler; 1: DDPM's noise), got {eta}")
 
 
 # --- classifier-free guidance -------------------------------------------------------------------------------
@@ -375,8 +381,58 @@ def dopri5_sample(
     return SampleResult(x, f.nfe)
 
 
+# --- the stochastic sampler -------------------------------------------------------------------------------------
+
+DEFAULT_ETA = 1.0
+
+
+@torch.no_grad()
+def ancestral_sample(
+    model: nn.Module,
+    noise: torch.Tensor,
+    y: torch.Tensor,
+    steps: int = 32,
+    cfg_scale: float = 1.0,
+    *,
+    grid: str = "uniform",
+    shift: float | None = None,
+    cfg_interval: tuple[float, float] | None = None,
+    eta: float | None = None,
+    generator: torch.Generator | None = None,
+) -> SampleResult:
+    """Ancestral sampling: DDIM's eta family (Song et al. 2021, eq. 12) on the straight path x_t = (1 - t) x0 + t eps.
+
+    Each step evaluates the (guided) velocity once and splits x_t into its predictions x0 = x - t v and
+    eps = x + (1 - t) v; the next state puts them back at t' with part of the noise drawn afresh,
+
+        x' = (1 - t') x0 + sqrt(t'^2 - s^2) eps + s z,   z ~ N(0, I),
+        s  = eta t' sqrt(1 - r^2),   r = (1 - t) t' / ((1 - t') t),
+
+    where eta = 1 is the DDPM posterior's noise and eta = 0 is Euler's step exactly. The fresh noise lets
+    later steps correct what earlier ones drew inconsistently (parts of one shape in two places), which a
+    deterministic path keeps. The last step, to t = 0, is x0. nfe = steps (x2 guided). ``generator``
+    (CPU) draws the noise; ``generate`` passes one seeded from its seed.
+    """
+    check_sampler_args(steps, cfg_scale, "ancestral", grid, shift, cfg_interval, eta=eta)
+    eta = DEFAULT_ETA if eta is None else eta
+    f, ts = _Velocity(model, y, cfg_scale, cfg_interval), time_grid(steps, grid, shift).tolist()
+    x = noise
+    for t, t_next in zip(ts[:-1], ts[1:], strict=True):
+        v = f(x, t)
+        x0, eps = x - t * v, x + (1.0 - t) * v  # (N, C, H, W) each
+        if t_next <= 0.0:
+            x = x0
+            break
+        r = (1.0 - t) * t_next / ((1.0 - t_next) * t)
+        s = eta * t_next * math.sqrt(max(0.0, 1.0 - r * r))
+        z = torch.randn(x.shape, generator=generator).to(x.device, x.dtype)  # drawn on the CPU, as generate's noise
+        x = (1.0 - t_next) * x0 + math.sqrt(max(0.0, t_next**2 - s**2)) * eps + s * z
+    return SampleResult(x, f.nfe)
+
+
 SAMPLERS: dict[str, Callable[..., SampleResult]] = {
     "euler": euler_sample, "heun": heun_sample, "midpoint": midpoint_sample, "dopri5": dopri5_sample,
+    "ancestral": ancestral_sample,
 }  # fmt: skip
 
 
@@ -384,9 +440,10 @@ def sample(
     name: str, model: nn.Module, noise: torch.Tensor, y: torch.Tensor, steps: int = 32, cfg_scale: float = 1.0,
     **options,
 ) -> SampleResult:  # fmt: skip
-    """Run the sampler called ``name``; ``options`` are its keywords (grid, shift, cfg_interval; rtol, atol)."""
+    """Run the sampler called ``name``; ``options`` are its keywords (grid, shift, cfg_interval; rtol, atol;
+    eta, generator)."""
     options = {k: v for k, v in options.items() if v is not None}  # None: the sampler's default
-    check_sampler_args(steps, cfg_scale, name, **options)
+    check_sampler_args(steps, cfg_scale, name, **{k: v for k, v in options.items() if k != "generator"})
     return SAMPLERS[name](model, noise, y, steps, cfg_scale, **options)
 
 
@@ -401,6 +458,8 @@ def sampler_settings(name: str, steps: int, cfg_scale: float, **options) -> dict
            "cfg_interval": [float(v) for v in interval] if interval is not None else None}  # fmt: skip
     if name == "dopri5":
         out.update(rtol=options.get("rtol", DEFAULT_TOL), atol=options.get("atol", DEFAULT_TOL))
+    if name == "ancestral":
+        out.update(eta=options.get("eta", DEFAULT_ETA))
     return out
 
 
@@ -429,8 +488,9 @@ def generate(
 
     The noise for all N images is drawn first from one generator seeded with ``seed``, so with a
     fixed-step sampler image i does not depend on the batch size, and the same seed gives the same
-    images on the same device. ``nfe`` is per image; dopri5 may take a different number in each batch,
-    and then it is the average over all images.
+    images on the same device. The ancestral sampler draws its fresh noise from the same generator,
+    batch after batch, so its images depend on the batch size too. ``nfe`` is per image; dopri5 may take
+    a different number in each batch, and then it is the average over all images.
     """
     check_sampler_args(steps, cfg_scale, sampler, **options)
     if len(y) < 1:
@@ -442,7 +502,8 @@ def generate(
     out, evals = [], 0
     for i in range(0, len(y), batch_size):
         x1, yb = noise[i : i + batch_size].to(device), y[i : i + batch_size].to(device)
-        res = sample(sampler, model, x1, yb, steps, cfg_scale, **options)
+        extra = {"generator": gen} if sampler == "ancestral" else {}
+        res = sample(sampler, model, x1, yb, steps, cfg_scale, **options, **extra)
         out.append(res.x.cpu())
         evals += res.nfe * len(yb)
     nfe = evals // len(y) if evals % len(y) == 0 else evals / len(y)
