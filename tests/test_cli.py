@@ -67,7 +67,9 @@ def test_sampler_options_reach_the_sampler_and_count_evaluations(tmp_path, capsy
     code, err = run([*base, "--sampler", "ancestral", "--eta", 0.5, "--out", tmp_path / "a.npz"], capsys)
     assert code == 0 and "(ancestral, 4 model evaluations per image" in err, err
     code, err = run([*base, "--sampler", "ancestral", "--eta", 0, "--out", tmp_path / "z.npz"], capsys)
+    assert code == 0, err
     code, err = run([*base, "--sampler", "euler", "--out", tmp_path / "e.npz"], capsys)
+    assert code == 0, err
     images = [np.load(tmp_path / f"{k}.npz")["images"] for k in "hmdaze"]
     assert all(x.shape == (4, 3, 32, 32) for x in images) and not np.array_equal(images[0], images[1])
     assert np.array_equal(images[4], images[5]) and not np.array_equal(images[3], images[5])
