@@ -40,6 +40,7 @@ from dataclasses import replace
 
 import torch
 
+from tinydit.config import TrainConfig
 from tinydit.distill import KNOTS, distill_loss
 from tinydit.flow import flow_loss
 from tinydit.model import PRESETS, SWITCHES, DiT, DiTConfig, count_params, get_preset
@@ -122,8 +123,10 @@ class Workload:
         return (time.perf_counter() - start) / steps
 
 
-def teacher_path_rate(w: Workload, device: torch.device, precision: str, n: int = 500) -> float:
-    """Teacher paths per second: ``n`` paths in one batch, as ``tinydit.distill.teacher_paths`` samples them."""
+def teacher_path_rate(w: Workload, device: torch.device, precision: str, n: int = 500) -> tuple[float, int]:
+    """Teacher paths per second, and model evaluations per path: ``n`` paths in one batch, sampled with
+    the ``--few-step distill`` defaults as ``tinydit.distill.teacher_paths`` samples them."""
+    d = TrainConfig  # the --few-step distill defaults
     noise = torch.randn(n, w.cfg.in_channels, w.cfg.img_size, w.cfg.img_size, device=device)
     y = torch.arange(n, device=device) % w.cfg.n_classes
     w.model.eval()
@@ -132,11 +135,12 @@ def teacher_path_rate(w: Workload, device: torch.device, precision: str, n: int 
         sync(device)
         start = time.perf_counter()
         with torch.no_grad(), autocast(device, precision):
-            sample_path("heun", w.model, noise, y, KNOTS, 1, 3.0, cfg_interval=(0.1, 0.7))
+            _, nfe = sample_path(d.teacher_sampler, w.model, noise, y, KNOTS, d.teacher_steps // KNOTS, d.teacher_cfg,
+                                 cfg_interval=d.teacher_cfg_interval)
         sync(device)
         times.append(time.perf_counter() - start)
     w.model.train()
-    return n / sorted(times)[1]
+    return n / sorted(times)[1], nfe
 
 
 def tinydit_workload(cfg: DiTConfig, batch: int, device: torch.device, precision: str, compiled: bool) -> Workload:
@@ -322,8 +326,11 @@ def main() -> None:
         for name, t in (("shortcut (1/4 self-consistency)", t_short), ("distillation student", t_student)):
             print(f"| {name} | {args.batch / t:.0f} | {1000 * t:.0f} | {t / t_plain:.2f}x |")
         print()
-        print(f"teacher paths for distillation: {teacher_path_rate(plain, device, args.precision):.0f} paths/s "
-              "(heun, 8 steps, guidance 3 for t in [0.1, 0.7]: 25 evaluations each, the --few-step distill default)")
+        rate, nfe = teacher_path_rate(plain, device, args.precision)
+        d = TrainConfig
+        print(f"teacher paths for distillation: {rate:.0f} paths/s ({d.teacher_sampler}, {d.teacher_steps} steps, "
+              f"guidance {d.teacher_cfg:g} for t in [{d.teacher_cfg_interval[0]:g}, {d.teacher_cfg_interval[1]:g}]: "
+              f"{nfe} evaluations each, the --few-step distill default)")
         return
 
     if args.switches:

@@ -499,10 +499,10 @@ def generate(
     device = next(model.parameters()).device
     gen = torch.Generator().manual_seed(seed)
     noise = torch.randn(len(y), cfg.in_channels, cfg.img_size, cfg.img_size, generator=gen)  # on the CPU
+    extra = {"generator": gen} if sampler == "ancestral" else {}  # its fresh noise: the same stream, on
     out, evals = [], 0
     for i in range(0, len(y), batch_size):
         x1, yb = noise[i : i + batch_size].to(device), y[i : i + batch_size].to(device)
-        extra = {"generator": gen} if sampler == "ancestral" else {}
         res = sample(sampler, model, x1, yb, steps, cfg_scale, **options, **extra)
         out.append(res.x.cpu())
         evals += res.nfe * len(yb)
