@@ -89,6 +89,37 @@ def test_continuing_with_other_settings_is_refused_and_keeps_the_run(tmp_path):
     assert fresh.step == 0
 
 
+def test_cooldown_decays_the_learning_rate_linearly_over_the_last_steps(tmp_path):
+    trainer = Trainer(fast_config(tmp_path, steps=10, warmup=2, cooldown=4, lr=1e-3), progress=False)
+    lrs = [trainer.lr_at(s) for s in range(10)]
+    assert lrs == pytest.approx([5e-4] + [1e-3] * 5 + [1e-3, 7.5e-4, 5e-4, 2.5e-4])
+    trainer.fit()
+    logged = {r["step"]: r["lr"] for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())
+              if "lr" in r}  # fmt: skip
+    assert logged[10] == trainer.opt.param_groups[0]["lr"] == pytest.approx(2.5e-4)  # the last step's rate
+    with pytest.raises(TinyDiTError, match="--cooldown 4 .* give --steps"):
+        fast_config(tmp_path, steps=3, cooldown=4)
+
+
+def test_a_run_continued_into_its_cooldown_ends_as_one_uninterrupted_run(tmp_path):
+    """Steps before the decay starts do not depend on --steps or --cooldown, so a constant-rate run can be
+    continued with a cool-down; once the decay has started, the schedule is fixed."""
+    kw = dict(batch_size=8, limit=20, warmup=1)
+    straight = Trainer(fast_config(tmp_path / "a", steps=6, cooldown=3, **kw), progress=False)
+    straight.fit()
+    Trainer(fast_config(tmp_path / "b", steps=3, **kw), progress=False).fit()  # constant rate so far
+    Trainer(fast_config(tmp_path / "b", steps=5, cooldown=2, **kw), progress=False).fit()  # decays from 3
+    with pytest.raises(TinyDiTError, match="past the start of a learning-rate cool-down"):  # at step 5 it is fixed
+        Trainer(fast_config(tmp_path / "b", steps=6, cooldown=3, **kw), progress=False)
+    Trainer(fast_config(tmp_path / "c", steps=3, **kw), progress=False).fit()
+    resumed = Trainer(fast_config(tmp_path / "c", steps=6, cooldown=3, **kw), progress=False)
+    resumed.fit()
+    assert _states_equal(straight.model.state_dict(), resumed.model.state_dict())
+    constant = Trainer(fast_config(tmp_path / "d", steps=6, **kw), progress=False)
+    constant.fit()
+    assert not _states_equal(straight.model.state_dict(), constant.model.state_dict())  # the decay did something
+
+
 def test_resume_flag_without_checkpoint_is_an_error(tmp_path):
     with pytest.raises(TinyDiTError, match="--resume"):
         Trainer(fast_config(tmp_path, steps=2), require_resume=True, progress=False)

@@ -50,6 +50,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=d.batch_size)
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--warmup", type=int, default=d.warmup)
+    p.add_argument("--cooldown", type=int, default=d.cooldown,
+                   help="decay the learning rate linearly to 0 over the last N of --steps (0: constant to the end)")
     p.add_argument("--ema-decay", type=float, default=d.ema_decay)
     p.add_argument("--class-dropout", type=float, default=d.class_dropout)
     p.add_argument("--t-sampling", default=None, choices=["uniform", "logit-normal"],
@@ -261,7 +263,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = TrainConfig(
         out=args.out, data=args.data, data_root=args.data_root, limit=args.limit, model=args.model, cond=args.cond,
         preset=args.preset, holdout=args.holdout,
-        steps=args.steps, minutes=args.minutes, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
+        steps=args.steps, minutes=args.minutes, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup, cooldown=args.cooldown,
         ema_decay=args.ema_decay, class_dropout=args.class_dropout, t_sampling=args.t_sampling,
         t_shift=args.t_shift, few_step=args.few_step, teacher=args.teacher, teacher_sampler=args.teacher_sampler,
         teacher_steps=args.teacher_steps, teacher_cfg=args.teacher_cfg,

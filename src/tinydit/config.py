@@ -6,6 +6,7 @@ into every checkpoint.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 
 from tinydit.errors import TinyDiTError
@@ -53,6 +54,9 @@ class TrainConfig:
     batch_size: int = 128  # images per optimizer step
     lr: float = 1e-3  # AdamW peak learning rate (constant after warm-up, as in DiT)
     warmup: int = 100  # linear learning-rate warm-up, in steps
+    # Linear decay of the learning rate to 0 over the last ``cooldown`` steps of a --steps run
+    # (warmup-stable-decay). A run can be continued with other --steps/--cooldown until its decay starts.
+    cooldown: int = 0
     weight_decay: float = 0.0  # AdamW weight decay (DiT uses none)
     grad_clip: float = 1.0  # clip the global gradient norm to this (0 = off)
     ema_decay: float = 0.999  # EMA of the weights used for sampling; warmed up as min(d, (1+s)/(10+s))
@@ -114,6 +118,11 @@ class TrainConfig:
             raise TinyDiTError(f"--lr must be > 0, got {self.lr}")
         if self.warmup < 0 or self.weight_decay < 0 or self.grad_clip < 0:
             raise TinyDiTError("warmup, weight_decay and grad_clip must be >= 0")
+        if self.cooldown < 0:
+            raise TinyDiTError(f"--cooldown must be >= 0, got {self.cooldown}")
+        if self.cooldown and (self.steps is None or self.cooldown > self.steps):
+            raise TinyDiTError(f"--cooldown {self.cooldown} decays over the last steps of a run: give --steps "
+                               f"(at least {self.cooldown}) too")  # fmt: skip
         if not 0 <= self.ema_decay < 1:
             raise TinyDiTError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
         if not 0 <= self.class_dropout < 1:
@@ -170,6 +179,10 @@ class TrainConfig:
 
             return SHAPES_HOLDOUT if canonical_name(self.data) == "shapes" else ""
         return ",".join(parse_phrases(self.holdout))
+
+    def cooldown_start(self) -> float:
+        """The step where the learning rate starts to fall (inf without a cool-down)."""
+        return self.steps - self.cooldown if self.cooldown else math.inf
 
     def held_out_phrases(self) -> tuple[str, ...]:
         return parse_phrases(self.holdout or "")

@@ -283,9 +283,21 @@ class Trainer:
             self.scaler.load_state_dict(state["grad_scaler"])
         self.step = int(state["step"])
         self.train_seconds = float(state["train_seconds"])
+        self._check_same_schedule(TrainConfig.from_dict(state["train_config"]))
         torch.set_rng_state(state["rng"]["torch"])
         if torch.cuda.is_available() and state["rng"].get("cuda"):
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+
+    def _check_same_schedule(self, old: TrainConfig) -> None:
+        """--steps and --cooldown may change between invocations only while no step done so far is affected."""
+        new = self.cfg
+        same = (old.steps, old.cooldown) == (new.steps, new.cooldown) or not old.cooldown and not new.cooldown
+        if not same and self.step > min(old.cooldown_start(), new.cooldown_start()):
+            raise TinyDiTError(
+                f"{self.out} is at step {self.step}, past the start of a learning-rate cool-down "
+                f"(--steps {old.steps} --cooldown {old.cooldown} before, --steps {new.steps} --cooldown "
+                f"{new.cooldown} now); continue it with --steps {old.steps} --cooldown {old.cooldown}"
+            )
 
     def state_dict(self) -> dict:
         text = {"tokenizer": self.tokenizer.to_dict()} if self.text else {}
@@ -349,8 +361,12 @@ class Trainer:
     # ---------------------------------------------------------------------------------- one step
 
     def lr_at(self, step: int) -> float:
-        """Linear warm-up to the peak, then constant (DiT trains at a constant rate)."""
-        return self.cfg.lr * min(1.0, (step + 1) / max(1, self.cfg.warmup))
+        """Linear warm-up to the peak, then constant (DiT trains at a constant rate); with --cooldown C a
+        linear fall over the last C steps, to lr / C at the last step (warmup-stable-decay)."""
+        lr = self.cfg.lr * min(1.0, (step + 1) / max(1, self.cfg.warmup))
+        if step >= self.cfg.cooldown_start():
+            lr *= (self.cfg.steps - step) / self.cfg.cooldown
+        return lr
 
     def ema_decay_at(self, step: int) -> float:
         """EMA warm-up: early averages forget the random initialisation quickly."""
