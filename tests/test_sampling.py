@@ -17,12 +17,14 @@ from tinydit.sampling import (
     dopri5_sample,
     euler_sample,
     generate,
+    heun_first_sample,
     heun_sample,
     sample,
 )
 
-ORDER = {"euler": 1, "heun": 2, "midpoint": 2}  # the fixed-step samplers and their convergence order
-NFE = {"euler": lambda s: s, "heun": lambda s: 2 * s - 1, "midpoint": lambda s: 2 * s}  # Heun: last step Euler
+ORDER = {"euler": 1, "heun": 2, "midpoint": 2, "heun-first": 1}  # the fixed-step samplers and their order
+NFE = {"euler": lambda s: s, "heun": lambda s: 2 * s - 1, "midpoint": lambda s: 2 * s,  # Heun: last step Euler
+       "heun-first": lambda s: s + 1}  # fmt: skip
 DETERMINISTIC = {"ancestral": {"eta": 0.0}}  # options that make a stochastic sampler deterministic (Euler)
 
 
@@ -83,6 +85,19 @@ def test_straight_paths_are_exact_for_every_sampler(name):
     v = torch.tensor(0.3, dtype=torch.float64)
     res = SAMPLERS[name](Field(lambda x, t, y: v.expand_as(x)), x1, y, 3, **DETERMINISTIC.get(name, {}))
     assert torch.allclose(res.x, x1 - v, atol=1e-12)
+
+
+@pytest.mark.parametrize("steps", [1, 2, 5])
+def test_heun_first_takes_one_heun_step_then_euler_steps(steps):
+    # dx/dt = a x with h = -1/steps: an Euler step multiplies x by 1 + a h, a Heun step by 1 + a h + (a h)^2 / 2.
+    a, h = 1.5, -1.0 / steps
+    x1, y = x1_and_y()
+    res = heun_first_sample(exp_field(a), x1, y, steps)
+    first = 1 + a * h + (a * h) ** 2 / 2 if steps > 1 else 1 + a * h  # one step only: it ends at t = 0, Euler
+    assert torch.allclose(res.x, x1 * first * (1 + a * h) ** (steps - 1), rtol=1e-12, atol=0)
+    assert res.nfe == (steps + 1 if steps > 1 else 1)
+    guided = heun_first_sample(exp_field(a), x1, y, 5, 2.0, cfg_interval=(0.1, 0.7))  # grid 1, 0.8, ..., 0.2
+    assert guided.nfe == 6 + 3  # velocities at 1, 0.8 (corrector), 0.8, 0.6, 0.4, 0.2; the last 3 guided
 
 
 def test_dopri5_meets_its_tolerance_with_fewer_evaluations_than_fixed_steps():

@@ -102,7 +102,8 @@ def _add_sampler_args(p: argparse.ArgumentParser, steps: bool = True) -> None:
     so a bad value is one clear line)."""
     if steps:
         p.add_argument("--sampler", default="euler",
-                       help="euler | heun | midpoint | dopri5 (adaptive) | ancestral (stochastic); see the README")
+                       help="euler | heun | midpoint | dopri5 (adaptive) | ancestral (stochastic) | heun-first (Euler, "
+                            "Heun's first step); see the README")
         p.add_argument("--steps", type=int, default=32,
                        help="steps of a fixed-step sampler (heun and midpoint evaluate twice per step); "
                             "dopri5: sets only its first trial step")
@@ -181,7 +182,8 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sweep", help="quality against model evaluations across samplers, steps and guidance",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--checkpoint", required=True, help="checkpoint.pt of a fashion-mnist or shapes run (class or text)")
-    p.add_argument("--samplers", default="euler,heun", help="comma-separated: euler, heun, midpoint, dopri5, ancestral")
+    p.add_argument("--samplers", default="euler,heun",
+                   help="comma-separated: euler, heun, midpoint, dopri5, ancestral, heun-first")
     p.add_argument("--steps", default="4,8,16,32", help="comma-separated step counts (fixed-step samplers)")
     p.add_argument("--tols", default="1e-2,1e-3", help="comma-separated tolerances, rtol = atol (dopri5)")
     p.add_argument("--cfg", default="1,2", help="comma-separated guidance scales (1 = off)")
@@ -263,7 +265,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = TrainConfig(
         out=args.out, data=args.data, data_root=args.data_root, limit=args.limit, model=args.model, cond=args.cond,
         preset=args.preset, holdout=args.holdout,
-        steps=args.steps, minutes=args.minutes, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup, cooldown=args.cooldown,
+        steps=args.steps, minutes=args.minutes, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
+        cooldown=args.cooldown,
         ema_decay=args.ema_decay, class_dropout=args.class_dropout, t_sampling=args.t_sampling,
         t_shift=args.t_shift, few_step=args.few_step, teacher=args.teacher, teacher_sampler=args.teacher_sampler,
         teacher_steps=args.teacher_steps, teacher_cfg=args.teacher_cfg,

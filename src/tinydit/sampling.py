@@ -16,6 +16,7 @@ so it counts as two; outside the guidance interval it counts as one. ``SAMPLERS`
     midpoint  2nd order (explicit midpoint), 2 per step; never evaluates the model at t = 0
     dopri5    Dormand-Prince 5(4), adaptive steps under ``rtol``/``atol``; ``steps`` only sets the first trial step
     ancestral stochastic (DDIM's eta family on the straight path), 1 velocity per step; ``eta`` = 0 is Euler
+    heun-first  Euler with a Heun step out of the noise: 1 velocity per step, 2 for the first
 
 All images of a batch share one time t, so guidance is switched on or off for the whole batch.
 Time grids (where the fixed-step samplers step) are separate functions in ``tinydit.grids``, chosen by name.
@@ -35,8 +36,8 @@ from tinydit.grids import DEFAULT_SHIFT, GRIDS, check_grid, shifted_grid, time_g
 
 __all__ = ["SampleResult", "SAMPLERS", "GRIDS", "DEFAULT_SHIFT", "sample", "check_sampler_args", "uniform_grid",
            "shifted_grid", "time_grid", "null_condition", "guided_velocity", "euler_sample", "heun_sample",
-           "midpoint_sample", "dopri5_sample", "ancestral_sample", "sampler_settings", "generate", "class_cycle",
-           "resolve_labels", "resolve_prompts", "sample_path"]  # fmt: skip
+           "midpoint_sample", "heun_first_sample", "dopri5_sample", "ancestral_sample", "sampler_settings",
+           "generate", "class_cycle", "resolve_labels", "resolve_prompts", "sample_path"]  # fmt: skip
 
 
 @dataclass
@@ -255,6 +256,34 @@ def _midpoint_step(f: _Velocity, x: torch.Tensor, t: float, t_next: float) -> to
     return x + h * f(x_mid, t + 0.5 * h)
 
 
+@torch.no_grad()
+def heun_first_sample(
+    model: nn.Module,
+    noise: torch.Tensor,
+    y: torch.Tensor,
+    steps: int = 32,
+    cfg_scale: float = 1.0,
+    *,
+    grid: str = "uniform",
+    shift: float | None = None,
+    cfg_interval: tuple[float, float] | None = None,
+) -> SampleResult:
+    """Euler's method whose first step, out of the pure noise at t = 1, is a Heun step: steps + 1
+    velocities (steps when steps = 1, whose only step ends at t = 0 and stays Euler, as in ``heun``).
+
+    The first step, out of the noise, is where Euler loses the most on a trained model. On Fashion-MNIST
+    (dit-0.2m, 11 steps, guidance 3.5 on [0.1, 0.9], 10,000 samples, seeds 0 / 1) this scored
+    fid_fmnist_cnn 1.448 / 1.471 with 20 evaluations, against 1.512 / 1.519 for Euler (19) and
+    1.478 / 1.484 for Heun (37) (README, "Sweeps"). With a guidance interval below t = 1 the extra
+    velocity is unguided, so it costs one evaluation. Still order 1: the later steps are Euler's.
+    """
+    return _fixed_steps("heun-first", _heun_first_step, model, noise, y, steps, cfg_scale, grid, shift, cfg_interval)
+
+
+def _heun_first_step(f: _Velocity, x: torch.Tensor, t: float, t_next: float) -> torch.Tensor:
+    return _heun_step(f, x, t, t_next) if t == 1.0 else _euler_step(f, x, t, t_next)  # grids start at 1 exactly
+
+
 _STEPPERS = {"euler": _euler_step, "heun": _heun_step, "midpoint": _midpoint_step}
 
 
@@ -432,7 +461,7 @@ def ancestral_sample(
 
 SAMPLERS: dict[str, Callable[..., SampleResult]] = {
     "euler": euler_sample, "heun": heun_sample, "midpoint": midpoint_sample, "dopri5": dopri5_sample,
-    "ancestral": ancestral_sample,
+    "ancestral": ancestral_sample, "heun-first": heun_first_sample,
 }  # fmt: skip
 
 
