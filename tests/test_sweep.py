@@ -32,6 +32,20 @@ def test_line_plot_draws_every_series(tmp_path):
     assert img.size == (960, 600) and (31, 119, 180) in colors and (255, 127, 14) in colors  # both series
 
 
+def test_plot_lines_run_in_order_of_evaluations_and_the_table_in_sweep_order(tmp_path, monkeypatch):
+    import tinydit.sweep as sweep
+
+    drawn = []
+    monkeypatch.setattr(sweep, "line_plot", lambda series, path, **kw: drawn.extend(series))
+    # with a guidance interval 11 steps can cost fewer evaluations than 10
+    rows = [{"sampler": "euler", "steps": s, "tol": None, "cfg": 3.0, "nfe": nfe, "fid_fmnist_cnn": fid,
+             "feature_net": "fmnist_cnn"} for s, nfe, fid in ((10, 21, 2.0), (11, 20, 1.4), (12, 22, 1.5))]  # fmt: skip
+    sweep.write_sweep(tmp_path, {"data": "fashion-mnist", "split": "test", "n": 1000}, rows)
+    assert drawn == [("euler, cfg 3", [20, 21, 22], [1.4, 2.0, 1.5])]
+    table = [line for line in (tmp_path / "sweep.md").read_text().splitlines() if line.startswith("| euler")]
+    assert [line.split(" | ")[1] for line in table] == ["10", "11", "12"]
+
+
 def test_sweep_cli_writes_the_table_and_the_plot_and_continues(tiny_run, tmp_path, capsys, eval_cache):
     out = tmp_path / "sweep"
     args = ["sweep", "--checkpoint", tiny_run[0] / "checkpoint.pt", "--samplers", "euler,dopri5", "--steps", "1,2",

@@ -196,7 +196,8 @@ def write_sweep(out: Path, settings: dict, rows: list[dict], command: str | None
     series, markers = [], []
     for name in dict.fromkeys(r["sampler"] for r in rows):
         for cfg in dict.fromkeys(r["cfg"] for r in rows if r["sampler"] == name):
-            sel = [r for r in rows if r["sampler"] == name and r["cfg"] == cfg]
+            # by nfe: with a guidance interval more steps can cost fewer evaluations (11 steps: 20, 10: 21)
+            sel = sorted((r for r in rows if r["sampler"] == name and r["cfg"] == cfg), key=lambda r: r["nfe"])
             series.append((f"{name}, cfg {cfg:g}", [r["nfe"] for r in sel], [r[fid] for r in sel]))
             markers.append(MARKERS[list(SAMPLERS).index(name) % len(MARKERS)])
     line_plot(series, out / "sweep.png", markers=markers, xlabel="model evaluations per image", ylabel=fid,
