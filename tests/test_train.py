@@ -97,8 +97,10 @@ def test_cooldown_decays_the_learning_rate_linearly_over_the_last_steps(tmp_path
     logged = {r["step"]: r["lr"] for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())
               if "lr" in r}  # fmt: skip
     assert logged[10] == trainer.opt.param_groups[0]["lr"] == pytest.approx(2.5e-4)  # the last step's rate
-    with pytest.raises(TinyDiTError, match="--cooldown 4 .* give --steps"):
+    with pytest.raises(TinyDiTError, match="--cooldown 4 .* give --steps of at least 4 \\(got 3\\)"):
         fast_config(tmp_path, steps=3, cooldown=4)
+    with pytest.raises(TinyDiTError, match="got none"):
+        fast_config(tmp_path, steps=None, minutes=1.0, cooldown=4)
 
 
 def test_a_run_continued_into_its_cooldown_ends_as_one_uninterrupted_run(tmp_path):

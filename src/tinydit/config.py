@@ -121,8 +121,8 @@ class TrainConfig:
         if self.cooldown < 0:
             raise TinyDiTError(f"--cooldown must be >= 0, got {self.cooldown}")
         if self.cooldown and (self.steps is None or self.cooldown > self.steps):
-            raise TinyDiTError(f"--cooldown {self.cooldown} decays over the last steps of a run: give --steps "
-                               f"(at least {self.cooldown}) too")  # fmt: skip
+            raise TinyDiTError(f"--cooldown {self.cooldown} is a fall over the last {self.cooldown} of --steps: give "
+                               f"--steps of at least {self.cooldown} (got {self.steps or 'none'})")  # fmt: skip
         if not 0 <= self.ema_decay < 1:
             raise TinyDiTError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
         if not 0 <= self.class_dropout < 1:

@@ -296,7 +296,8 @@ class Trainer:
             raise TinyDiTError(
                 f"{self.out} is at step {self.step}, past the start of a learning-rate cool-down "
                 f"(--steps {old.steps} --cooldown {old.cooldown} before, --steps {new.steps} --cooldown "
-                f"{new.cooldown} now); continue it with --steps {old.steps} --cooldown {old.cooldown}"
+                f"{new.cooldown} now), so its schedule is fixed: finish it with --steps {old.steps} --cooldown "
+                f"{old.cooldown}, or train another run (--out, --overwrite)"
             )
 
     def state_dict(self) -> dict:
