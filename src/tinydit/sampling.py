@@ -271,11 +271,12 @@ def heun_first_sample(
     """Euler's method whose first step, out of the pure noise at t = 1, is a Heun step: steps + 1
     velocities (steps when steps = 1, whose only step ends at t = 0 and stays Euler, as in ``heun``).
 
-    The first step, out of the noise, is where Euler loses the most on a trained model. On Fashion-MNIST
-    (dit-0.2m, 11 steps, guidance 3.5 on [0.1, 0.9], 10,000 samples, seeds 0 / 1) this scored
+    On a Fashion-MNIST dit-0.2m, the first step, out of the noise, was where Euler lost the most. There
+    (11 steps, guidance 3.5 on [0.1, 0.9], 10,000 samples, seeds 0 / 1) this sampler scored
     fid_fmnist_cnn 1.448 / 1.471 with 20 evaluations, against 1.512 / 1.519 for Euler (19) and
     1.478 / 1.484 for Heun (37) (README, "Sweeps"). With a guidance interval below t = 1 the extra
-    velocity is unguided, so it costs one evaluation. Still order 1: the later steps are Euler's.
+    velocity is unguided, so it costs one evaluation. Still order 1: the later steps are Euler's. On
+    the dit-1.9m checkpoint Heun gains far more (README, "Sweeps"): measure on your own model.
     """
     return _fixed_steps("heun-first", _heun_first_step, model, noise, y, steps, cfg_scale, grid, shift, cfg_interval)
 
