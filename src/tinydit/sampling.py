@@ -24,6 +24,7 @@ Time grids (where the fixed-step samplers step) are separate functions in ``tiny
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -444,20 +445,21 @@ def ancestral_sample(
     (CPU) draws the noise; ``generate`` passes one seeded from its seed.
     """
     check_sampler_args(steps, cfg_scale, "ancestral", grid, shift, cfg_interval, eta=eta)
-    eta = DEFAULT_ETA if eta is None else eta
-    f, ts = _Velocity(model, y, cfg_scale, cfg_interval), time_grid(steps, grid, shift).tolist()
-    x = noise
-    for t, t_next in zip(ts[:-1], ts[1:], strict=True):
-        v = f(x, t)
-        x0, eps = x - t * v, x + (1.0 - t) * v  # (N, C, H, W) each
-        if t_next <= 0.0:
-            x = x0
-            break
-        r = (1.0 - t) * t_next / ((1.0 - t_next) * t)
-        s = eta * t_next * math.sqrt(max(0.0, 1.0 - r * r))
-        z = torch.randn(x.shape, generator=generator).to(x.device, x.dtype)  # drawn on the CPU, as generate's noise
-        x = (1.0 - t_next) * x0 + math.sqrt(max(0.0, t_next**2 - s**2)) * eps + s * z
-    return SampleResult(x, f.nfe)
+    step = functools.partial(_ancestral_step, eta=DEFAULT_ETA if eta is None else eta, generator=generator)
+    return _fixed_steps("ancestral", step, model, noise, y, steps, cfg_scale, grid, shift, cfg_interval)
+
+
+def _ancestral_step(
+    f: _Velocity, x: torch.Tensor, t: float, t_next: float, eta: float, generator: torch.Generator | None
+) -> torch.Tensor:
+    v = f(x, t)
+    x0, eps = x - t * v, x + (1.0 - t) * v  # (N, C, H, W) each
+    if t_next <= 0.0:
+        return x0
+    r = (1.0 - t) * t_next / ((1.0 - t_next) * t)
+    s = eta * t_next * math.sqrt(max(0.0, 1.0 - r * r))
+    z = torch.randn(x.shape, generator=generator).to(x.device, x.dtype)  # drawn on the CPU, as generate's noise
+    return (1.0 - t_next) * x0 + math.sqrt(max(0.0, t_next**2 - s**2)) * eps + s * z
 
 
 SAMPLERS: dict[str, Callable[..., SampleResult]] = {

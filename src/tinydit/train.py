@@ -265,6 +265,7 @@ class Trainer:
                 f"{self.out} holds a run with other settings ({'; '.join(changed)}); "
                 "re-run with the same settings to continue it, or choose another --out (or --overwrite)"
             )
+        self._check_same_schedule(old, int(state["step"]))
 
     def _restore(self, state: dict) -> None:
         if config_from_dict(self.cfg.model, state["model_config"]) != self.model_config:
@@ -283,18 +284,18 @@ class Trainer:
             self.scaler.load_state_dict(state["grad_scaler"])
         self.step = int(state["step"])
         self.train_seconds = float(state["train_seconds"])
-        self._check_same_schedule(TrainConfig.from_dict(state["train_config"]))
         torch.set_rng_state(state["rng"]["torch"])
         if torch.cuda.is_available() and state["rng"].get("cuda"):
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
 
-    def _check_same_schedule(self, old: TrainConfig) -> None:
-        """--steps and --cooldown may change between invocations only while no step done so far is affected."""
+    def _check_same_schedule(self, old: TrainConfig, step: int) -> None:
+        """--steps and --cooldown may change between invocations only while no step done so far is affected
+        (without a cool-down on either side, both starts are inf and nothing is)."""
         new = self.cfg
-        same = (old.steps, old.cooldown) == (new.steps, new.cooldown) or not old.cooldown and not new.cooldown
-        if not same and self.step > min(old.cooldown_start(), new.cooldown_start()):
+        changed = (old.steps, old.cooldown) != (new.steps, new.cooldown)
+        if changed and step > min(old.cooldown_start(), new.cooldown_start()):
             raise TinyDiTError(
-                f"{self.out} is at step {self.step}, past the start of a learning-rate cool-down "
+                f"{self.out} is at step {step}, past the start of a learning-rate cool-down "
                 f"(--steps {old.steps} --cooldown {old.cooldown} before, --steps {new.steps} --cooldown "
                 f"{new.cooldown} now), so its schedule is fixed: finish it with --steps {old.steps} --cooldown "
                 f"{old.cooldown}, or train another run (--out, --overwrite)"
