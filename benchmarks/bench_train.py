@@ -40,6 +40,7 @@ from dataclasses import replace
 
 import torch
 
+from tinydit.attention import BACKENDS, attention_backend, resolve_backend
 from tinydit.config import TrainConfig
 from tinydit.distill import KNOTS, distill_loss
 from tinydit.flow import flow_loss
@@ -88,6 +89,7 @@ class Workload:
         # distillation student (also a step-size model) is set to "distill" by its caller.
         self.objective = "shortcut" if getattr(cfg, "shortcut", False) else "flow"
         self.forward, self.device, self.precision = forward, device, precision
+        self.attention = "auto"  # TinyDiT's attention kernel (tinydit.attention); diffusers' models ignore it
         self.ema = copy.deepcopy(model).requires_grad_(False)
         self.opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.99))
         g = torch.Generator().manual_seed(0)
@@ -98,7 +100,7 @@ class Workload:
         self.y = torch.randint(0, cfg.n_classes + 1, (batch,), generator=g).to(device)
 
     def step(self) -> None:
-        with autocast(self.device, self.precision):  # the trainer's own losses
+        with attention_backend(self.attention), autocast(self.device, self.precision):  # the trainer's own losses
             if self.objective == "shortcut":
                 loss = shortcut_loss(self.forward, self.x, self.y, self.t, self.noise, torch.Generator().manual_seed(0))
             elif self.objective == "distill":
@@ -143,16 +145,26 @@ def teacher_path_rate(w: Workload, device: torch.device, precision: str, n: int 
     return n / sorted(times)[1], nfe
 
 
-def tinydit_workload(cfg: DiTConfig, batch: int, device: torch.device, precision: str, compiled: bool) -> Workload:
+def tinydit_workload(cfg: DiTConfig, batch: int, device: torch.device, precision: str, compiled: bool,
+                     attention: str = "auto") -> Workload:  # fmt: skip
     torch.manual_seed(0)
     model = DiT(cfg).to(device)
-    return Workload("TinyDiT", model, maybe_compile(model, compiled), cfg, batch, device, precision)
+    w = Workload("TinyDiT", model, maybe_compile(model, compiled), cfg, batch, device, precision)
+    w.attention = attention
+    return w
 
 
-def diffusers_workload(cfg: DiTConfig, batch: int, device: torch.device, precision: str) -> Workload:
-    """diffusers' DiT at the same width, depth, heads, patch and image size (adaLN-Zero, GELU-tanh)."""
+def diffusers_workload(cfg: DiTConfig, batch: int, device: torch.device, precision: str,
+                       matmul_attention: bool = False) -> Workload:  # fmt: skip
+    """diffusers' DiT at the same width, depth, heads, patch and image size (adaLN-Zero, GELU-tanh).
+
+    Its default attention is SDPA (``AttnProcessor2_0``); ``matmul_attention`` switches it to its
+    ``AttnProcessor``, which writes attention out as batched matmuls and a softmax like TinyDiT's CPU
+    half-precision kernel.
+    """
     try:
         from diffusers import DiTTransformer2DModel
+        from diffusers.models.attention_processor import AttnProcessor
     except ImportError:
         sys.exit("--compare diffusers needs diffusers: pip install diffusers")
     torch.manual_seed(0)
@@ -161,11 +173,14 @@ def diffusers_workload(cfg: DiTConfig, batch: int, device: torch.device, precisi
         out_channels=cfg.in_channels, num_layers=cfg.depth, sample_size=cfg.img_size, patch_size=cfg.patch_size,
         num_embeds_ada_norm=cfg.n_classes + 1, norm_type="ada_norm_zero",
     ).to(device)  # fmt: skip
+    if matmul_attention:
+        model.set_attn_processor(AttnProcessor())
 
     def forward(x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return model(x, timestep=1000 * t, class_labels=y).sample  # diffusers counts time in 0-1000
 
-    return Workload("diffusers", model, forward, cfg, batch, device, precision)
+    name = "diffusers, AttnProcessor (matmul attention)" if matmul_attention else "diffusers (SDPA, its default)"
+    return Workload(name, model, forward, cfg, batch, device, precision)
 
 
 def race(workloads: list[Workload], steps: int, repeats: int) -> list[float]:
@@ -187,7 +202,7 @@ def sample_rate(w: Workload, n: int, steps: int) -> float:
     noise = torch.randn(n, cfg.in_channels, cfg.img_size, cfg.img_size, device=w.device)
     y = torch.arange(n, device=w.device) % cfg.n_classes
     forward = maybe_compile(w.ema, w.forward is not w.model)
-    with autocast(w.device, w.precision):
+    with attention_backend(w.attention), autocast(w.device, w.precision):
         euler_sample(forward, noise, y, 2, 2.0)  # warm-up
         rates = []
         for _ in range(3):
@@ -236,6 +251,14 @@ def peak_memory_mb(cfg: DiTConfig, batch: int, device: torch.device, precision: 
     return value
 
 
+def picked_attention(args: argparse.Namespace, device: torch.device) -> str:
+    """The attention kernel TinyDiT runs with: the forced one, or what ``auto`` picks for this device and precision."""
+    if args.attention != "auto":
+        return args.attention
+    dtype = torch.float32 if args.precision == "fp32" else DTYPES[args.precision]
+    return f"auto = {resolve_backend(torch.empty(0, device=device, dtype=dtype))}"
+
+
 def header(args: argparse.Namespace, device: torch.device) -> None:
     cpu = f"{platform.processor() or platform.machine()} ({torch.backends.cpu.get_cpu_capability()}, " \
           f"native bf16: {'yes' if cpu_has_native_bf16() else 'no'})"
@@ -258,6 +281,8 @@ def main() -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--precision", default="fp32", choices=list(DTYPES))
     parser.add_argument("--compile", action="store_true", help="torch.compile TinyDiT's forward")
+    parser.add_argument("--attention", default="auto", choices=BACKENDS,
+                        help="TinyDiT's attention kernel (tinydit.attention; auto: as the trainer picks)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--switches", action="store_true", help="one row per architecture switch")
     mode.add_argument("--modes", action="store_true", help="fp32/bf16 x eager/compiled for one preset")
@@ -270,24 +295,29 @@ def main() -> None:
     header(args, device)
     peak_before = matmul_peak(device, args.precision)
 
+    def ours(cfg: DiTConfig) -> Workload:  # TinyDiT as the command line asks
+        return tinydit_workload(cfg, args.batch, device, args.precision, args.compile, args.attention)
+
     if args.compare:
         cfg = get_preset(presets[0], img_size=size, in_channels=channels)
-        ours = tinydit_workload(cfg, args.batch, device, args.precision, args.compile)
+        mine = ours(cfg)
         theirs = diffusers_workload(cfg, args.batch, device, args.precision)
-        t_ours, t_theirs = race([ours, theirs], args.steps, args.repeats)
+        theirs_matmul = diffusers_workload(cfg, args.batch, device, args.precision, matmul_attention=True)
+        t_ours, t_theirs, t_theirs_matmul = race([mine, theirs, theirs_matmul], args.steps, args.repeats)
         peak = max(peak_before, matmul_peak(device, args.precision))
         flops = 3 * DiT(cfg).flops_per_image() * args.batch
         print(f"config: {presets[0]} ({args.shape}, {cfg.n_tokens} tokens, dim {cfg.dim}, depth {cfg.depth}, "
               f"{cfg.n_heads} heads, patch {cfg.patch_size}), batch {args.batch}, {args.precision}"
-              f"{', compiled' if args.compile else ''}; matmul peak {peak / 1e9:.1f} GFLOP/s")
+              f"{', compiled' if args.compile else ''}; TinyDiT attention: {picked_attention(args, device)}; "
+              f"matmul peak {peak / 1e9:.1f} GFLOP/s")
         print("FLOPs per step = 3 x (2 P B T + 4 depth B T^2 dim) "
               f"= {flops / 1e9:.2f} GFLOP (P = {DiT(cfg).token_params():,} per-token weights)")
         print()
-        print("| model | params | train img/s | step ms | achieved GFLOP/s | MFU |")
-        print("|---|---|---|---|---|---|")
-        for w, t in ((ours, t_ours), (theirs, t_theirs)):
+        print("| model | params | train img/s | step ms | achieved GFLOP/s | MFU | TinyDiT's speedup |")
+        print("|---|---|---|---|---|---|---|")
+        for w, t in ((mine, t_ours), (theirs, t_theirs), (theirs_matmul, t_theirs_matmul)):
             print(f"| {w.name} | {count_params(w.model) / 1e6:.2f}M | {args.batch / t:.0f} | {1000 * t:.0f} | "
-                  f"{flops / t / 1e9:.1f} | {flops / t / peak:.2f} |")
+                  f"{flops / t / 1e9:.1f} | {flops / t / peak:.2f} | {t / t_ours:.2f}x |")
         print()
         print(f"mfu: {flops / t_ours / peak:.2f}")
         print(f"speedup_vs_diffusers: {t_theirs / t_ours:.2f}")
@@ -298,7 +328,7 @@ def main() -> None:
         modes = [(p, c) for p in ("fp32", "bf16") for c in (False, True)]
         if device.type == "cuda":
             modes += [("fp16", False), ("fp16", True)]
-        rows = [(p, c, tinydit_workload(cfg, args.batch, device, p, c)) for p, c in modes]
+        rows = [(p, c, tinydit_workload(cfg, args.batch, device, p, c, args.attention)) for p, c in modes]
         print(f"config: {presets[0]} ({args.shape}), batch {args.batch}; "
               f"fp32 matmul peak {peak_before / 1e9:.1f} GFLOP/s")
         print()
@@ -313,9 +343,7 @@ def main() -> None:
 
     if args.few_step:
         cfg = get_preset(presets[0], img_size=size, in_channels=channels)
-        plain = tinydit_workload(cfg, args.batch, device, args.precision, args.compile)
-        shortcut = tinydit_workload(replace(cfg, shortcut=True), args.batch, device, args.precision, args.compile)
-        student = tinydit_workload(replace(cfg, shortcut=True), args.batch, device, args.precision, args.compile)
+        plain, shortcut, student = ours(cfg), ours(replace(cfg, shortcut=True)), ours(replace(cfg, shortcut=True))
         student.objective = "distill"
         t_plain, t_short, t_student = race([plain, shortcut, student], args.steps, args.repeats)
         print(f"config: {presets[0]} ({args.shape}), batch {args.batch}, {args.precision}")
@@ -340,7 +368,7 @@ def main() -> None:
     else:
         rows = [(name, get_preset(name, img_size=size, in_channels=channels)) for name in presets]
         title = f"preset ({args.shape})"
-    workloads = [tinydit_workload(cfg, args.batch, device, args.precision, args.compile) for _, cfg in rows]
+    workloads = [ours(cfg) for _, cfg in rows]
     times = race(workloads, args.steps, args.repeats)
     peak = max(peak_before, matmul_peak(device, args.precision))
     print(f"batch {args.batch}, {args.precision}{', compiled' if args.compile else ''}; "

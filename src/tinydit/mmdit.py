@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tinydit.attention import attention
 from tinydit.errors import TinyDiTError
 from tinydit.model import AdaLN, Attention, DiT, DiTBlock, DiTConfig, make_mlp, make_norm, modulate
 
@@ -93,7 +94,7 @@ def joint_attention(
     q = qx if qc is None else torch.cat([qx, qc], dim=2)  # (N, h, T [+ L], Dh)
     k = torch.cat([kx, kc], dim=2)  # (N, h, T + L, Dh)
     v = torch.cat([vx, vc], dim=2)  # (N, h, T + L, Dh)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)  # (N, h, T [+ L], Dh)
+    out = attention(q, k, v, keep)  # (N, h, T [+ L], Dh)
     out = out.transpose(1, 2).reshape(n, q.shape[2], d)  # (N, T [+ L], D)
     out_ctx = None if qc is None else ctx_attn.proj(out[:, n_img:])  # (N, L, D)
     return x_attn.proj(out[:, :n_img]), out_ctx  # (N, T, D)

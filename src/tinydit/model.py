@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tinydit.attention import attention
 from tinydit.errors import TinyDiTError
 
 __all__ = ["DiTConfig", "DiT", "PRESETS", "DEFAULT_PRESET", "SWITCHES", "ORIGINAL_BLOCK", "CONDS", "get_preset",
@@ -249,7 +250,8 @@ class QKNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention: one fused QKV projection, optional QK-norm and RoPE, PyTorch's SDPA.
+    """Multi-head self-attention: one fused QKV projection, optional QK-norm and RoPE, and
+    ``tinydit.attention`` (PyTorch's SDPA, or two matmuls where those are faster).
 
     ``queries=False`` keeps only the key and value projections (no queries, no output projection): the
     text stream of MMDiT's last joint block, whose own output is never used (``tinydit.mmdit``).
@@ -292,7 +294,7 @@ class Attention(nn.Module):
         """x (N, T, D) -> (N, T, D). attn_mask: bool, broadcastable to (N, h, T, T), True = may attend."""
         n, t, d = x.shape
         q, k, v = self.heads(x, rope)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)  # (N, h, T, Dh)
+        out = attention(q, k, v, attn_mask)  # (N, h, T, Dh)
         return self.proj(out.transpose(1, 2).reshape(n, t, d))  # (N, T, D)
 
 
