@@ -164,7 +164,7 @@ def diffusers_workload(cfg: DiTConfig, batch: int, device: torch.device, precisi
     """
     try:
         from diffusers import DiTTransformer2DModel
-        from diffusers.models.attention_processor import AttnProcessor
+        from diffusers.models.attention_processor import Attention, AttnProcessor
     except ImportError:
         sys.exit("--compare diffusers needs diffusers: pip install diffusers")
     torch.manual_seed(0)
@@ -174,7 +174,9 @@ def diffusers_workload(cfg: DiTConfig, batch: int, device: torch.device, precisi
         num_embeds_ada_norm=cfg.n_classes + 1, norm_type="ada_norm_zero",
     ).to(device)  # fmt: skip
     if matmul_attention:
-        model.set_attn_processor(AttnProcessor())
+        for module in model.modules():
+            if isinstance(module, Attention):
+                module.set_processor(AttnProcessor())
 
     def forward(x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return model(x, timestep=1000 * t, class_labels=y).sample  # diffusers counts time in 0-1000

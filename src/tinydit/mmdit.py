@@ -30,7 +30,7 @@ from torch import nn
 
 from tinydit.attention import attention
 from tinydit.errors import TinyDiTError
-from tinydit.model import AdaLN, Attention, DiT, DiTBlock, DiTConfig, make_mlp, make_norm, modulate
+from tinydit.model import AdaLN, Attention, DiT, DiTBlock, DiTConfig, make_mlp, make_norm, norm_modulate
 
 __all__ = ["MMDiTConfig", "MMDiT", "JointBlock", "joint_attention", "PRESETS", "DEFAULT_PRESET", "get_preset"]
 
@@ -123,7 +123,7 @@ class Stream(nn.Module):
     def finish(self, x: torch.Tensor, attn: torch.Tensor, gate1, shift2, scale2, gate2) -> torch.Tensor:
         """The gated attention residual, then the gated MLP residual: x, attn (N, S, D) -> (N, S, D)"""
         x = torch.addcmul(x, gate1.unsqueeze(1), attn)
-        return torch.addcmul(x, gate2.unsqueeze(1), self.mlp(modulate(self.norm2(x), shift2, scale2)))
+        return torch.addcmul(x, gate2.unsqueeze(1), self.mlp(norm_modulate(self.norm2, x, shift2, scale2)))
 
 
 class JointBlock(nn.Module):
@@ -146,8 +146,8 @@ class JointBlock(nn.Module):
         shift_x, scale_x, *rest_x = self.x.modulations(c)  # 6 x (N, D)
         shift_c, scale_c, *rest_c = self.ctx.modulations(c)  # 6 or 2 x (N, D)
         attn_x, attn_c = joint_attention(
-            self.x.attn, self.ctx.attn, modulate(self.x.norm1(x), shift_x, scale_x),
-            modulate(self.ctx.norm1(ctx), shift_c, scale_c), keep, rope,
+            self.x.attn, self.ctx.attn, norm_modulate(self.x.norm1, x, shift_x, scale_x),
+            norm_modulate(self.ctx.norm1, ctx, shift_c, scale_c), keep, rope,
         )  # fmt: skip
         x = self.x.finish(x, attn_x, *rest_x)
         ctx = None if self.ctx.pre_only else self.ctx.finish(ctx, attn_c, *rest_c)
