@@ -73,6 +73,8 @@ def test_auto_writes_out_half_precision_attention_on_cpu_and_keeps_sdpa_for_fp32
     assert resolve_backend(torch.zeros(1, dtype=torch.float16)) == "matmul"
     assert resolve_backend(torch.zeros(1)) == "sdpa"
     assert resolve_backend(torch.zeros(1, device="meta", dtype=torch.bfloat16)) == "sdpa"  # not a CPU
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # fp32 queries (after fp32 RoPE tables, say) still run in bf16
+        assert resolve_backend(torch.zeros(1)) == "matmul"
     with attention_backend("matmul"):
         assert resolve_backend(torch.zeros(1)) == "matmul"
         with attention_backend("sdpa"):

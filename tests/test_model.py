@@ -289,3 +289,8 @@ def test_norm_modulate_runs_in_the_autocast_dtype_on_cpu_and_in_fp32_without_it(
         low = norm_modulate(norm, x, shift.bfloat16(), scale.bfloat16())
     assert low.dtype == torch.bfloat16
     torch.testing.assert_close(low.float(), exact, rtol=3e-2, atol=3e-2)  # bf16 rounding, nothing more
+
+
+def test_rope_keeps_the_dtype_of_its_input():
+    cos, sin = rope_2d(8, 4)  # fp32 tables
+    assert apply_rope(torch.randn(2, 2, 16, 8, dtype=torch.bfloat16), cos, sin).dtype == torch.bfloat16

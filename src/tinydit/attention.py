@@ -50,10 +50,15 @@ def attention_backend(name: str) -> Iterator[None]:
 
 
 def resolve_backend(q: torch.Tensor) -> str:
-    """The kernel attention() will use for queries q: the forced one, or auto's choice for q's device and dtype."""
+    """The kernel attention() will use for queries q: the forced one, or auto's choice for q's device and
+    dtype. Under CPU autocast to bf16 or fp16 both kernels run in that dtype whatever q's own."""
     if _backend != "auto":
         return _backend
-    return "matmul" if q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16) else "sdpa"
+    if q.device.type != "cpu":
+        return "sdpa"
+    half = (torch.bfloat16, torch.float16)
+    autocast_half = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") in half
+    return "matmul" if q.dtype in half or autocast_half else "sdpa"
 
 
 def matmul_attention(

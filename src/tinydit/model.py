@@ -233,7 +233,9 @@ def rope_2d(head_dim: int, grid_size: int, theta: float = 100.0) -> tuple[torch.
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate channel pairs (j, j + Dh/2) of x (N, h, T, Dh) by the angles in cos/sin (T, Dh/2)."""
+    """Rotate channel pairs (j, j + Dh/2) of x (N, h, T, Dh) by the angles in cos/sin (T, Dh/2), in x's dtype
+    (fp32 tables would lift bf16 queries and keys to fp32 under autocast)."""
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     x1, x2 = x.chunk(2, dim=-1)  # 2 x (N, h, T, Dh/2)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)  # (N, h, T, Dh)
 
