@@ -3,11 +3,12 @@
 The defaults are what measured fastest (benchmarks/README.md):
 
 - CPU with native bf16 (AVX512-BF16 or AMX, as oneDNN reports): bf16 autocast, eager. On our 2-core
-  AVX-512 machine a dit-1.9m training step ran 1.32x faster in bf16 than in fp32. CPUs without it
-  emulate bf16 matmuls (under 1 GFLOP/s on an AVX2 machine), so there fp32 is the default.
-- ``torch.compile`` on CPU made a training step only 1.07-1.09x faster, which the 20-40 s of compilation
-  on the first run eats in a 5-minute run, and it needs a C++ compiler: off by default, ``--compile on``
-  for long runs.
+  AVX-512 machine a dit-1.9m training step ran 2.42x faster in bf16 than in fp32 (with attention
+  written out as matmuls, ``tinydit.attention``). CPUs without it emulate bf16 matmuls (under
+  1 GFLOP/s on an AVX2 machine), so there fp32 is the default.
+- ``torch.compile`` on CPU made a bf16 training step 1.27x faster (fp32: 1.11x), but compiling took
+  about 40 s at the start of a run, which only pays after about 3 minutes of training, and it needs a
+  C++ compiler: off by default, ``--compile on`` for longer runs.
 - CUDA: bf16 autocast where supported, and ``torch.compile``.
 
 Master weights, gradients, optimizer state and the EMA stay in fp32 in every mode: autocast only
@@ -24,10 +25,14 @@ from torch import nn
 
 from tinydit.errors import TinyDiTError
 
-__all__ = ["PRECISIONS", "cpu_has_native_bf16", "resolve_precision", "resolve_compile", "autocast",
-           "make_grad_scaler", "maybe_compile"]  # fmt: skip
+__all__ = ["PRECISIONS", "CPU_MICRO_BATCH", "cpu_has_native_bf16", "resolve_precision", "resolve_compile",
+           "resolve_micro_batch", "autocast", "make_grad_scaler", "maybe_compile"]  # fmt: skip
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+# Images per forward and backward pass on a CPU: a dit-1.9m step of 128 images ran 1.12-1.17x faster in
+# bf16 (1.03-1.05x in fp32) as two passes of 64 than as one, and four passes of 32 were slower again
+# (benchmarks/README.md, "Micro-batches").
+CPU_MICRO_BATCH = 64
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -66,6 +71,16 @@ def resolve_compile(flag: str | bool, device: torch.device) -> bool:
     if flag in ("on", "off"):
         return flag == "on"
     raise TinyDiTError(f"--compile must be auto, on or off; got {flag!r}")
+
+
+def resolve_micro_batch(micro_batch: int, batch_size: int, device: torch.device) -> int:
+    """Images per forward/backward pass: ``micro_batch``, or for 0 (auto) CPU_MICRO_BATCH on a CPU and the
+    whole batch elsewhere; never more than ``batch_size``."""
+    if micro_batch < 0:
+        raise TinyDiTError(f"--micro-batch must be >= 0 (0 = auto), got {micro_batch}")
+    if micro_batch == 0:
+        micro_batch = CPU_MICRO_BATCH if device.type == "cpu" else batch_size
+    return min(micro_batch, batch_size)
 
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
