@@ -45,7 +45,7 @@ from tinydit.config import TrainConfig
 from tinydit.distill import KNOTS, distill_loss
 from tinydit.flow import flow_loss
 from tinydit.model import PRESETS, SWITCHES, DiT, DiTConfig, count_params, get_preset
-from tinydit.runtime import autocast, cpu_has_native_bf16, maybe_compile, resolve_micro_batch
+from tinydit.runtime import autocast, cpu_has_native_bf16, maybe_compile
 from tinydit.sampling import euler_sample, sample_path
 from tinydit.shortcut import shortcut_loss
 from tinydit.train import ema_update, resolve_device
@@ -90,7 +90,6 @@ class Workload:
         self.objective = "shortcut" if getattr(cfg, "shortcut", False) else "flow"
         self.forward, self.device, self.precision = forward, device, precision
         self.attention = "auto"  # TinyDiT's attention kernel (tinydit.attention); diffusers' models ignore it
-        self.micro_batch = batch  # images per forward/backward pass (flow matching only), like --micro-batch
         self.ema = copy.deepcopy(model).requires_grad_(False)
         self.opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.99))
         g = torch.Generator().manual_seed(0)
@@ -101,9 +100,6 @@ class Workload:
         self.y = torch.randint(0, cfg.n_classes + 1, (batch,), generator=g).to(device)
 
     def step(self) -> None:
-        if self.objective == "flow" and self.micro_batch < self.batch:
-            self.accumulated_step()
-            return
         with attention_backend(self.attention), autocast(self.device, self.precision):  # the trainer's own losses
             if self.objective == "shortcut":
                 loss = shortcut_loss(self.forward, self.x, self.y, self.t, self.noise, torch.Generator().manual_seed(0))
@@ -116,19 +112,6 @@ class Workload:
                 loss = flow_loss(self.forward, self.x, self.y, self.t, self.noise)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-        self.opt.step()
-        ema_update(self.ema, self.model, 0.999)
-
-    def accumulated_step(self) -> None:
-        """The flow-matching step in passes of ``micro_batch`` images, as ``Trainer._flow_backward`` runs it."""
-        self.opt.zero_grad(set_to_none=True)
-        for i in range(0, self.batch, self.micro_batch):
-            part = slice(i, i + self.micro_batch)
-            with attention_backend(self.attention), autocast(self.device, self.precision):
-                per_sample = flow_loss(self.forward, self.x[part], self.y[part], self.t[part], self.noise[part],
-                                       reduce=False)  # fmt: skip
-            (per_sample.sum() / self.batch).backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.opt.step()
         ema_update(self.ema, self.model, 0.999)
@@ -163,12 +146,11 @@ def teacher_path_rate(w: Workload, device: torch.device, precision: str, n: int 
 
 
 def tinydit_workload(cfg: DiTConfig, batch: int, device: torch.device, precision: str, compiled: bool,
-                     attention: str = "auto", micro_batch: int | None = None) -> Workload:  # fmt: skip
+                     attention: str = "auto") -> Workload:  # fmt: skip
     torch.manual_seed(0)
     model = DiT(cfg).to(device)
     w = Workload("TinyDiT", model, maybe_compile(model, compiled), cfg, batch, device, precision)
     w.attention = attention
-    w.micro_batch = micro_batch or batch
     return w
 
 
@@ -301,8 +283,6 @@ def main() -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--precision", default="fp32", choices=list(DTYPES))
     parser.add_argument("--compile", action="store_true", help="torch.compile TinyDiT's forward")
-    parser.add_argument("--micro-batch", type=int, default=None,
-                        help="TinyDiT's images per forward/backward pass (default: the whole batch)")
     parser.add_argument("--attention", default="auto", choices=BACKENDS,
                         help="TinyDiT's attention kernel (tinydit.attention; auto: as the trainer picks)")
     mode = parser.add_mutually_exclusive_group()
@@ -318,18 +298,14 @@ def main() -> None:
     peak_before = matmul_peak(device, args.precision)
 
     def ours(cfg: DiTConfig) -> Workload:  # TinyDiT as the command line asks
-        return tinydit_workload(cfg, args.batch, device, args.precision, args.compile, args.attention, args.micro_batch)
+        return tinydit_workload(cfg, args.batch, device, args.precision, args.compile, args.attention)
 
     if args.compare:
         cfg = get_preset(presets[0], img_size=size, in_channels=channels)
         mine = ours(cfg)
-        micro = resolve_micro_batch(0, args.batch, device)  # the trainer's default passes
-        mine_micro = tinydit_workload(cfg, args.batch, device, args.precision, args.compile, args.attention, micro)
-        mine_micro.name = f"TinyDiT, passes of {micro} images (the trainer's default here)"
         theirs = diffusers_workload(cfg, args.batch, device, args.precision)
         theirs_matmul = diffusers_workload(cfg, args.batch, device, args.precision, matmul_attention=True)
-        rows = [mine, theirs, theirs_matmul] + ([mine_micro] if micro < args.batch else [])
-        t_ours, t_theirs, t_theirs_matmul, *t_micro = race(rows, args.steps, args.repeats)
+        t_ours, t_theirs, t_theirs_matmul = race([mine, theirs, theirs_matmul], args.steps, args.repeats)
         peak = max(peak_before, matmul_peak(device, args.precision))
         flops = 3 * DiT(cfg).flops_per_image() * args.batch
         print(f"config: {presets[0]} ({args.shape}, {cfg.n_tokens} tokens, dim {cfg.dim}, depth {cfg.depth}, "
@@ -341,12 +317,10 @@ def main() -> None:
         print()
         print("| model | params | train img/s | step ms | achieved GFLOP/s | MFU | TinyDiT's speedup |")
         print("|---|---|---|---|---|---|---|")
-        for w, t in zip(rows, [t_ours, t_theirs, t_theirs_matmul, *t_micro], strict=True):
+        for w, t in ((mine, t_ours), (theirs, t_theirs), (theirs_matmul, t_theirs_matmul)):
             print(f"| {w.name} | {count_params(w.model) / 1e6:.2f}M | {args.batch / t:.0f} | {1000 * t:.0f} | "
                   f"{flops / t / 1e9:.1f} | {flops / t / peak:.2f} | {t / t_ours:.2f}x |")
         print()
-        if t_micro:
-            print(f"trainer_speedup_vs_diffusers: {t_theirs / t_micro[0]:.2f} (passes of {micro} images)")
         print(f"mfu: {flops / t_ours / peak:.2f}")
         print(f"speedup_vs_diffusers: {t_theirs / t_ours:.2f}")
         return
@@ -356,8 +330,7 @@ def main() -> None:
         modes = [(p, c) for p in ("fp32", "bf16") for c in (False, True)]
         if device.type == "cuda":
             modes += [("fp16", False), ("fp16", True)]
-        rows = [(p, c, tinydit_workload(cfg, args.batch, device, p, c, args.attention, args.micro_batch))
-                for p, c in modes]  # fmt: skip
+        rows = [(p, c, tinydit_workload(cfg, args.batch, device, p, c, args.attention)) for p, c in modes]
         print(f"config: {presets[0]} ({args.shape}), batch {args.batch}; "
               f"fp32 matmul peak {peak_before / 1e9:.1f} GFLOP/s")
         print()

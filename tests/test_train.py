@@ -6,7 +6,6 @@ from conftest import fashion_mnist_available, fast_config
 
 from tinydit.checkpoint import FORMAT_VERSION, load_checkpoint, load_model, save_checkpoint
 from tinydit.errors import TinyDiTError
-from tinydit.runtime import resolve_micro_batch
 from tinydit.train import Trainer, ema_update
 
 HAS_FMNIST = fashion_mnist_available()
@@ -216,28 +215,3 @@ def test_a_run_continues_with_its_own_architecture_after_its_preset_changes(tmp_
     assert resumed.step == 1 and resumed.model_config.mlp == "gelu"
     resumed.fit()
     assert Trainer(fast_config(tmp_path / "new", steps=1), progress=False).model_config.mlp == "swiglu"
-
-
-def test_micro_batches_accumulate_exactly_the_gradient_of_the_whole_batch(tmp_path):
-    """Passes of 3 + 3 + 2 images leave the gradient (and loss) of one pass over all 8."""
-    grads, losses = [], []
-    for micro in (8, 3):
-        trainer = Trainer(fast_config(tmp_path / str(micro), steps=1, batch_size=8, micro_batch=micro, grad_clip=0),
-                          progress=False)  # fmt: skip
-        assert trainer.micro_batch == micro
-        losses.append(trainer.train_step())
-        grads.append([p.grad.clone() for p in trainer.model.parameters()])
-    torch.testing.assert_close(losses[1], losses[0], rtol=1e-6, atol=1e-7)
-    for whole, parts in zip(*grads, strict=True):
-        torch.testing.assert_close(parts, whole, rtol=1e-5, atol=1e-7)
-    assert max(g.abs().max().item() for g in grads[0]) > 1e-3  # a real gradient, not zeros
-
-
-def test_micro_batch_defaults_to_64_images_on_a_cpu_and_the_whole_batch_elsewhere():
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert resolve_micro_batch(0, 128, cpu) == 64
-    assert resolve_micro_batch(0, 16, cpu) == 16
-    assert resolve_micro_batch(0, 128, cuda) == 128
-    assert resolve_micro_batch(32, 128, cuda) == 32
-    with pytest.raises(TinyDiTError, match="--micro-batch must be >= 0"):
-        fast_config("unused", micro_batch=-1)

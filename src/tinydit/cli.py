@@ -78,9 +78,6 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compile", default=d.compile, choices=["auto", "on", "off"],
                    help="torch.compile the forward passes; auto: on for CUDA, off for CPU (pays off there only "
                         "after about 3 minutes of training)")
-    p.add_argument("--micro-batch", type=int, default=d.micro_batch,
-                   help="images per forward/backward pass, gradients summed over the batch; 0 = auto: 64 on a "
-                        "CPU (faster there), the whole batch elsewhere")
     arch = p.add_argument_group("architecture switches (default: the preset's; see docs/ablation.md)")
     arch.add_argument("--norm", choices=["layernorm", "rmsnorm"], default=None)
     arch.add_argument("--qk-norm", choices=["on", "off"], default=None, help="RMS-normalise queries and keys")
@@ -269,8 +266,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = TrainConfig(
         out=args.out, data=args.data, data_root=args.data_root, limit=args.limit, model=args.model, cond=args.cond,
         preset=args.preset, holdout=args.holdout,
-        steps=args.steps, minutes=args.minutes, batch_size=args.batch_size, micro_batch=args.micro_batch,
-        lr=args.lr, warmup=args.warmup,
+        steps=args.steps, minutes=args.minutes, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
         cooldown=args.cooldown,
         ema_decay=args.ema_decay, class_dropout=args.class_dropout, t_sampling=args.t_sampling,
         t_shift=args.t_shift, few_step=args.few_step, teacher=args.teacher, teacher_sampler=args.teacher_sampler,

@@ -52,10 +52,6 @@ class TrainConfig:
     steps: int | None = None  # stop after this many optimizer steps ...
     minutes: float | None = None  # ... or after this much training wall time, whichever comes first
     batch_size: int = 128  # images per optimizer step
-    # Images per forward/backward pass; their gradients add up to the batch's before the optimizer steps.
-    # 0 = auto: 64 on a CPU (faster there: activations that stay in cache), the whole batch elsewhere.
-    # Plain flow matching only: --few-step runs take the batch in one pass.
-    micro_batch: int = 0
     lr: float = 1e-3  # AdamW peak learning rate (constant after warm-up, as in DiT)
     warmup: int = 100  # linear learning-rate warm-up, in steps
     # Linear decay of the learning rate to 0 over the last ``cooldown`` steps of a --steps run
@@ -122,8 +118,6 @@ class TrainConfig:
             raise TinyDiTError(f"--lr must be > 0, got {self.lr}")
         if self.warmup < 0 or self.weight_decay < 0 or self.grad_clip < 0:
             raise TinyDiTError("warmup, weight_decay and grad_clip must be >= 0")
-        if self.micro_batch < 0:
-            raise TinyDiTError(f"--micro-batch must be >= 0 (0 = auto), got {self.micro_batch}")
         if self.cooldown < 0:
             raise TinyDiTError(f"--cooldown must be >= 0, got {self.cooldown}")
         if self.cooldown and (self.steps is None or self.cooldown > self.steps):

@@ -25,14 +25,10 @@ from torch import nn
 
 from tinydit.errors import TinyDiTError
 
-__all__ = ["PRECISIONS", "CPU_MICRO_BATCH", "cpu_has_native_bf16", "resolve_precision", "resolve_compile",
-           "resolve_micro_batch", "autocast", "make_grad_scaler", "maybe_compile"]  # fmt: skip
+__all__ = ["PRECISIONS", "cpu_has_native_bf16", "resolve_precision", "resolve_compile", "autocast",
+           "make_grad_scaler", "maybe_compile"]  # fmt: skip
 
 PRECISIONS = ("fp32", "bf16", "fp16")
-# Images per forward and backward pass on a CPU: a dit-1.9m step of 128 images ran 1.12-1.17x faster in
-# bf16 (1.03-1.05x in fp32) as two passes of 64 than as one, and four passes of 32 were slower again
-# (benchmarks/README.md, "Micro-batches").
-CPU_MICRO_BATCH = 64
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -71,16 +67,6 @@ def resolve_compile(flag: str | bool, device: torch.device) -> bool:
     if flag in ("on", "off"):
         return flag == "on"
     raise TinyDiTError(f"--compile must be auto, on or off; got {flag!r}")
-
-
-def resolve_micro_batch(micro_batch: int, batch_size: int, device: torch.device) -> int:
-    """Images per forward/backward pass: ``micro_batch``, or for 0 (auto) CPU_MICRO_BATCH on a CPU and the
-    whole batch elsewhere; never more than ``batch_size``."""
-    if micro_batch < 0:
-        raise TinyDiTError(f"--micro-batch must be >= 0 (0 = auto), got {micro_batch}")
-    if micro_batch == 0:
-        micro_batch = CPU_MICRO_BATCH if device.type == "cpu" else batch_size
-    return min(micro_batch, batch_size)
 
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:

@@ -38,14 +38,7 @@ from tinydit.flow import N_T_BINS, flow_loss, sample_t, t_bins
 from tinydit.images import save_grid
 from tinydit.model import count_params
 from tinydit.registry import build_model, config_from_dict, preset_config
-from tinydit.runtime import (
-    autocast,
-    make_grad_scaler,
-    maybe_compile,
-    resolve_compile,
-    resolve_micro_batch,
-    resolve_precision,
-)
+from tinydit.runtime import autocast, make_grad_scaler, maybe_compile, resolve_compile, resolve_precision
 from tinydit.sampling import class_cycle, euler_sample
 from tinydit.shortcut import n_self_consistency, shortcut_loss
 from tinydit.text import Tokenizer, holds_phrase
@@ -142,7 +135,6 @@ class Trainer:
         self.device = resolve_device(cfg.device)
         self.precision = resolve_precision(cfg.precision, self.device)
         self.compiled = resolve_compile(cfg.compile, self.device)
-        self.micro_batch = resolve_micro_batch(cfg.micro_batch, cfg.batch_size, self.device)
         ensure_writable_dir(self.out)
         # Distillation: the student copies the teacher's preset and architecture (tinydit.distill).
         self.teacher_state = None
@@ -406,32 +398,16 @@ class Trainer:
         y = torch.where(drop, unwrap(self.model).null_condition(y), y)
 
         n_fm = n  # images trained by plain flow matching at their time t
-        if cfg.few_step == "shortcut":
-            with autocast(dev, self.precision):
+        with autocast(dev, self.precision):
+            if cfg.few_step == "shortcut":
                 per_sample = shortcut_loss(self.forward, x, y, t, noise, generator=g, reduce=False)  # (B,)
-            n_fm = n - n_self_consistency(n)  # the rest are self-consistency examples
-            loss = per_sample.mean()
-        else:
-            per_sample = self._flow_backward(x, y, t, noise)  # (B,), gradients already accumulated
-            loss = None
+                n_fm = n - n_self_consistency(n)  # the rest are self-consistency examples
+            else:
+                per_sample = flow_loss(self.forward, x, y, t, noise, reduce=False)  # (B,)
         bins = t_bins(t[:n_fm])  # summed on the device, read at logging time: no sync per step
         self.bin_loss.index_add_(0, bins, per_sample[:n_fm].detach().float())
         self.bin_count.index_add_(0, bins, torch.ones_like(t[:n_fm]))
-        return self._optimizer_step(loss, per_sample.mean())
-
-    def _flow_backward(self, x: torch.Tensor, y: torch.Tensor, t: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        """Per-image flow-matching losses (B,), detached, after their mean's gradient has been accumulated
-        into the parameters in passes of ``self.micro_batch`` images."""
-        n = x.shape[0]
-        self.opt.zero_grad(set_to_none=True)
-        losses = []
-        for i in range(0, n, self.micro_batch):
-            part = slice(i, i + self.micro_batch)
-            with autocast(self.device, self.precision):
-                per_sample = flow_loss(self.forward, x[part], y[part], t[part], noise[part], reduce=False)
-            self.scaler.scale(per_sample.sum() / n).backward()  # this part's share of the batch mean
-            losses.append(per_sample.detach())
-        return torch.cat(losses)
+        return self._optimizer_step(per_sample.mean())
 
     def _distill_loss(self, idx: torch.Tensor, g: torch.Generator) -> torch.Tensor:
         """The student's loss on the teacher paths ``idx`` (no guidance dropout: guidance is in the paths)."""
@@ -440,14 +416,12 @@ class Trainer:
         with autocast(self.device, self.precision):
             return distill.distill_loss(self.forward, states, y, generator=g)
 
-    def _optimizer_step(self, loss: torch.Tensor | None, reported: torch.Tensor | None = None) -> torch.Tensor:
-        """Backward (unless ``loss`` is None: gradients already in place), clip, step at this step's learning
-        rate, EMA; returns the detached loss (or ``reported``)."""
+    def _optimizer_step(self, loss: torch.Tensor) -> torch.Tensor:
+        """Backward, clip, step at this step's learning rate, EMA; returns the detached loss."""
         for group in self.opt.param_groups:
             group["lr"] = self.lr_at(self.step)
-        if loss is not None:
-            self.opt.zero_grad(set_to_none=True)
-            self.scaler.scale(loss).backward()
+        self.opt.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
         if self.cfg.grad_clip > 0:
             self.scaler.unscale_(self.opt)  # clip the true gradients, not the scaled ones
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
@@ -455,7 +429,7 @@ class Trainer:
         self.scaler.update()
         ema_update(self.ema, self.model, self.ema_decay_at(self.step))
         self.step += 1
-        return (loss if reported is None else reported).detach()
+        return loss.detach()
 
     # ---------------------------------------------------------------------------------- diagnostics
 
