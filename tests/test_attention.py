@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import tinydit.attention as attention_module
 from tinydit.attention import BACKENDS, attention, attention_backend, matmul_attention, resolve_backend
 from tinydit.errors import TinyDiTError
 from tinydit.model import Attention, DiT, DiTConfig
@@ -54,27 +55,46 @@ def test_the_backends_agree_on_gradients(masked):
         grads[backend] = (q.grad, k.grad, v.grad)
     for a, b in zip(grads["sdpa"], grads["matmul"], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
-    if masked:  # a masked key gets no gradient at all
-        assert grads["matmul"][1][2, :, 3:].abs().max() == 0
+    if masked:  # a masked key gets no gradient at all, from either kernel
+        for backend in ("sdpa", "matmul"):
+            assert grads[backend][1][2, :, 3:].abs().max() == 0
 
 
-def test_masked_keys_change_nothing():
+@pytest.mark.parametrize("backend", ["sdpa", "matmul"])
+def test_masked_keys_change_nothing(backend):
     q, k, v = qkv()
     mask = key_padding()
     k2, v2 = k.clone(), v.clone()
     k2[1, :, 6:] = 100 * torch.randn(2, 3, 8)
     v2[1, :, 6:] = 100 * torch.randn(2, 3, 8)
-    with attention_backend("matmul"):
+    with attention_backend(backend):
         torch.testing.assert_close(attention(q, k2, v2, mask)[1], attention(q, k, v, mask)[1])
 
 
-def test_auto_writes_out_half_precision_attention_on_cpu_and_keeps_sdpa_for_fp32():
+@pytest.mark.parametrize("backend", ["sdpa", "matmul"])
+def test_a_query_with_no_key_to_attend_to_gets_zeros_and_finite_gradients(backend):
+    q, k, v = (x.requires_grad_() for x in qkv(tq=4, tk=5))
+    mask = torch.ones(3, 2, 4, 5, dtype=torch.bool)
+    mask[1, :, 2] = False  # query 2 of image 1 may attend to nothing
+    with attention_backend(backend):
+        out = attention(q, k, v, mask)
+    assert out[1, :, 2].abs().max() == 0
+    torch.testing.assert_close(out[0].double(), reference(q, k, v)[0], rtol=1e-5, atol=1e-6)  # others untouched
+    out.sum().backward()
+    assert all(torch.isfinite(x.grad).all() for x in (q, k, v))
+
+
+def test_auto_writes_out_bf16_attention_on_a_native_bf16_cpu_and_keeps_sdpa_elsewhere(monkeypatch):
+    monkeypatch.setattr(attention_module, "_CPU_NATIVE_BF16", True)
     assert resolve_backend(torch.zeros(1, dtype=torch.bfloat16)) == "matmul"
-    assert resolve_backend(torch.zeros(1, dtype=torch.float16)) == "matmul"
     assert resolve_backend(torch.zeros(1)) == "sdpa"
+    assert resolve_backend(torch.zeros(1, dtype=torch.float16)) == "sdpa"  # fp16 matmuls are emulated on CPUs
     assert resolve_backend(torch.zeros(1, device="meta", dtype=torch.bfloat16)) == "sdpa"  # not a CPU
-    with torch.autocast("cpu", dtype=torch.bfloat16):  # fp32 queries (after fp32 RoPE tables, say) still run in bf16
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # fp32 queries under bf16 autocast still run in bf16
         assert resolve_backend(torch.zeros(1)) == "matmul"
+    monkeypatch.setattr(attention_module, "_CPU_NATIVE_BF16", False)  # emulated bf16: SDPA
+    assert resolve_backend(torch.zeros(1, dtype=torch.bfloat16)) == "sdpa"
+    monkeypatch.setattr(attention_module, "_CPU_NATIVE_BF16", True)
     with attention_backend("matmul"):
         assert resolve_backend(torch.zeros(1)) == "matmul"
         with attention_backend("sdpa"):
@@ -84,7 +104,8 @@ def test_auto_writes_out_half_precision_attention_on_cpu_and_keeps_sdpa_for_fp32
 
 
 def test_auto_sends_bf16_autocast_through_the_matmul_kernel(monkeypatch):
-    """Under CPU bf16 autocast the queries are bf16, so the model must not reach SDPA."""
+    """Under CPU bf16 autocast (on a CPU with native bf16) the model must not reach SDPA."""
+    monkeypatch.setattr(attention_module, "_CPU_NATIVE_BF16", True)
     calls = []
     real = F.scaled_dot_product_attention
     monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))

@@ -79,4 +79,3 @@ def test_architecture_switches_reach_the_model(tmp_path):
     trainer.fit()
     model, _ = load_model(tmp_path / "checkpoint.pt")
     assert model.config == cfg and isinstance(model.config, DiTConfig)
-

@@ -11,8 +11,10 @@ The defaults are what measured fastest (benchmarks/README.md):
   C++ compiler: off by default, ``--compile on`` for longer runs.
 - CUDA: bf16 autocast where supported, and ``torch.compile``.
 
-Master weights, gradients, optimizer state and the EMA stay in fp32 in every mode: autocast only
-lowers the precision of the matmuls and convolutions inside the forward pass.
+Master weights, gradients, optimizer state and the EMA stay in fp32 in every mode: autocast lowers the
+precision of the matmuls and convolutions inside the forward pass and, on a CPU, of the adaLN norms
+and modulation (``tinydit.model.norm_modulate``) and of attention's softmax (``tinydit.attention``);
+the residual stream stays fp32.
 """
 
 from __future__ import annotations
