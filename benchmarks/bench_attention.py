@@ -28,6 +28,17 @@ SHAPES = [(128, 4, 64, 32), (128, 4, 49, 32), (128, 4, 64, 64), (64, 4, 128, 32)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def shape_arg(text: str) -> tuple[int, ...]:
+    """'N,h,T,Dh' -> (N, h, T, Dh), or one clear argparse error."""
+    try:
+        shape = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        shape = ()
+    if len(shape) != 4 or min(shape) < 1:
+        raise argparse.ArgumentTypeError(f"expected four positive integers N,h,T,Dh, got {text!r}")
+    return shape
+
+
 def timed(fn: Callable, fn_args: tuple, device: torch.device, reps: int) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -58,10 +69,11 @@ def main() -> None:
     parser.add_argument("--timings", type=int, default=7, help="timings per figure (the median is printed)")
     parser.add_argument("--dtype", action="append", choices=list(DTYPES),
                         help="dtype(s) to time (default: fp32 and bf16; fp16 is emulated on CPUs: slow)")  # fmt: skip
-    parser.add_argument("--shape", action="append", help="N,h,T,Dh to time (default: the presets' shapes)")
+    parser.add_argument("--shape", action="append", type=shape_arg,
+                        help="N,h,T,Dh to time (default: the presets' shapes)")  # fmt: skip
     args = parser.parse_args()
     dtypes = args.dtype or ["fp32", "bf16"]
-    shapes = [tuple(int(v) for v in s.split(",")) for s in args.shape] if args.shape else SHAPES
+    shapes = args.shape or SHAPES
     device = resolve_device(args.device)
     print(f"device {device}, torch {torch.__version__}, {torch.get_num_threads()} threads")
     print()

@@ -257,8 +257,7 @@ def picked_attention(args: argparse.Namespace, device: torch.device) -> str:
     """The attention kernel TinyDiT runs with: the forced one, or what ``auto`` picks for this device and precision."""
     if args.attention != "auto":
         return args.attention
-    dtype = torch.float32 if args.precision == "fp32" else DTYPES[args.precision]
-    return f"auto = {resolve_backend(torch.empty(0, device=device, dtype=dtype))}"
+    return f"auto = {resolve_backend(torch.empty(0, device=device, dtype=DTYPES[args.precision]))}"
 
 
 def header(args: argparse.Namespace, device: torch.device) -> None:
