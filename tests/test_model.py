@@ -72,6 +72,13 @@ def test_unpatchify_inverts_patchify_layout():
     assert torch.equal(model.unpatchify(patches), x)
 
 
+def test_patchify_hands_on_contiguous_tokens():
+    """A transposed view would pass its layout on to every residual addition, and each norm would copy."""
+    model = DiT(DiTConfig(img_size=8, in_channels=2, patch_size=2, dim=8, depth=1, n_heads=2))
+    tokens, _ = model.embed_image(torch.randn(2, 2, 8, 8))
+    assert tokens.shape == (2, 16, 8) and tokens.is_contiguous()
+
+
 def test_output_depends_on_label_and_time_after_training_step():
     torch.manual_seed(0)
     cfg = SMALL[0]

@@ -511,7 +511,10 @@ class DiT(nn.Module):
         return 2 * self.token_params() * cfg.n_tokens + 4 * cfg.depth * cfg.n_tokens**2 * cfg.dim
 
     def patchify(self, x: torch.Tensor) -> torch.Tensor:
-        return self.patch_embed(x).flatten(2).transpose(1, 2)  # (N, D, g, g) -> (N, T, D)
+        # Made contiguous once here: a transposed view would hand its layout on to every residual
+        # addition after it, and each norm would copy the tokens to read them (dit-1.9m: 1.04x a fp32
+        # and 1.08x a bf16 CPU training step).
+        return self.patch_embed(x).flatten(2).transpose(1, 2).contiguous()  # (N, D, g, g) -> (N, T, D)
 
     def unpatchify(self, x: torch.Tensor) -> torch.Tensor:
         """(N, T, p*p*C) -> (N, C, H, W), the inverse of cutting the image into row-major patches."""
