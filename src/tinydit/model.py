@@ -32,6 +32,7 @@ from torch import nn
 
 from tinydit.attention import attention
 from tinydit.errors import TinyDiTError
+from tinydit.linear import TokenLinear
 
 __all__ = ["DiTConfig", "DiT", "PRESETS", "DEFAULT_PRESET", "SWITCHES", "ORIGINAL_BLOCK", "CONDS", "get_preset",
            "count_params", "rope_2d", "apply_rope", "swiglu_hidden", "make_mlp", "AdaLN"]  # fmt: skip
@@ -276,8 +277,8 @@ class Attention(nn.Module):
         super().__init__()
         self.n_heads = n_heads
         self.n_proj = 3 if queries else 2  # q, k, v or k, v
-        self.qkv = nn.Linear(dim, self.n_proj * dim)
-        self.proj = nn.Linear(dim, dim) if queries else None
+        self.qkv = TokenLinear(dim, self.n_proj * dim)
+        self.proj = TokenLinear(dim, dim) if queries else None
         head_dim = dim // n_heads
         # QK-norm bounds every logit by sqrt(Dh) * gain^2, whatever the size of x (ViT-22B, SD3).
         self.q_norm = QKNorm(head_dim) if qk_norm and queries else nn.Identity()
@@ -316,8 +317,8 @@ class Attention(nn.Module):
 class Mlp(nn.Module):
     def __init__(self, dim: int, hidden: int):
         super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
-        self.fc2 = nn.Linear(hidden, dim)
+        self.fc1 = TokenLinear(dim, hidden)
+        self.fc2 = TokenLinear(hidden, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (N, T, D) -> (N, T, D), through a hidden width of mlp_ratio * D"""
@@ -340,8 +341,8 @@ class SwiGLU(nn.Module):
 
     def __init__(self, dim: int, hidden: int):
         super().__init__()
-        self.fc1 = nn.Linear(dim, 2 * hidden)
-        self.fc2 = nn.Linear(hidden, dim)
+        self.fc1 = TokenLinear(dim, 2 * hidden)
+        self.fc2 = TokenLinear(hidden, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (N, T, D) -> (N, T, D)"""
@@ -402,7 +403,7 @@ class FinalLayer(nn.Module):
         super().__init__()
         self.norm = make_norm(norm, dim)
         self.adaLN = AdaLN(dim, 2)
-        self.linear = nn.Linear(dim, patch_dim)
+        self.linear = TokenLinear(dim, patch_dim)
 
     def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         """x (N, T, D), c (N, D) -> (N, T, p*p*C)"""

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from tinydit.errors import TinyDiTError
+from tinydit.linear import onednn_is_faster
 
 __all__ = ["PRECISIONS", "cpu_has_native_bf16", "resolve_precision", "resolve_compile", "autocast",
            "make_grad_scaler", "maybe_compile"]  # fmt: skip
@@ -90,4 +91,5 @@ def maybe_compile(model: nn.Module, enabled: bool) -> Callable[..., torch.Tensor
     """
     if not enabled:
         return model
+    onednn_is_faster()  # the linear-kernel probe runs here, eagerly, so compiled code only reads its answer
     return torch.compile(model)

@@ -1,0 +1,160 @@
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import tinydit.linear as linear_module
+from tinydit.errors import TinyDiTError
+from tinydit.linear import TokenLinear, linear_backend, onednn_is_faster, onednn_linear, resolve_backend
+from tinydit.model import DiT, DiTConfig
+from tinydit.runtime import maybe_compile
+
+
+def weights(d_in=12, d_out=20, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(d_out, d_in, generator=g), torch.randn(d_out, generator=g)
+
+
+@pytest.fixture
+def probe_says(monkeypatch):
+    """Set the probe's answer (the real one depends on the machine running the tests)."""
+
+    def set_answer(answer: bool) -> None:
+        monkeypatch.setattr(linear_module, "_onednn_faster", answer)
+
+    return set_answer
+
+
+@pytest.mark.parametrize("shape", [(3, 7, 12), (5, 12), (12,), (2, 3, 4, 12)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_onednn_linear_is_the_linear_map(shape, bias):
+    w, b = weights()
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(1))
+    out = onednn_linear(x, w, b if bias else None)
+    want = x.double() @ w.double().T + (b.double() if bias else 0)
+    assert out.shape == (*shape[:-1], 20)
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_onednn_linear_takes_non_contiguous_and_empty_inputs():
+    w, b = weights()
+    x = torch.randn(7, 3, 12).transpose(0, 1)  # (3, 7, 12), not contiguous
+    torch.testing.assert_close(onednn_linear(x, w, b), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    assert onednn_linear(torch.randn(0, 4, 12), w, b).shape == (0, 4, 20)
+
+
+def test_onednn_linear_has_the_gradients_of_f_linear():
+    w0, b0 = weights(seed=2)
+    x0 = torch.randn(4, 9, 12, generator=torch.Generator().manual_seed(3))
+    upstream = torch.randn(4, 9, 20, generator=torch.Generator().manual_seed(4))
+    grads = []
+    for fn in (F.linear, onednn_linear):
+        x, w, b = (t.clone().requires_grad_() for t in (x0, w0, b0))
+        (fn(x, w, b) * upstream).sum().backward()
+        grads.append((x.grad, w.grad, b.grad))
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4)
+
+
+def test_token_linear_is_an_nn_linear_with_its_state_dict():
+    plain, token = nn.Linear(12, 20), TokenLinear(12, 20)
+    assert isinstance(token, nn.Linear)
+    token.load_state_dict(plain.state_dict())  # checkpoints from either load into the other
+    assert token.state_dict().keys() == plain.state_dict().keys()
+    x = torch.randn(2, 5, 12)
+    for backend in ("blas", "onednn"):
+        with linear_backend(backend):
+            torch.testing.assert_close(token(x), plain(x), rtol=1e-5, atol=1e-5)
+
+
+def test_auto_takes_onednn_only_for_fp32_on_a_cpu_where_the_probe_says_so(probe_says):
+    x = torch.randn(2, 3, 4)
+    probe_says(True)
+    assert resolve_backend(x) == "onednn"
+    assert resolve_backend(x.double()) == "blas"
+    assert resolve_backend(x.bfloat16()) == "blas"
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # linear maps already run through oneDNN there
+        assert resolve_backend(x) == "blas"
+    assert resolve_backend(torch.empty(2, 3, 4, device="meta")) == "blas"  # not a CPU: BLAS (cuBLAS on a GPU)
+    probe_says(False)
+    assert resolve_backend(x) == "blas"
+
+
+def test_a_forced_backend_wins_over_the_probe_and_is_restored(probe_says):
+    probe_says(False)
+    x = torch.randn(2, 3, 4)
+    with linear_backend("onednn"):
+        assert resolve_backend(x) == "onednn"
+        with linear_backend("blas"):
+            assert resolve_backend(x) == "blas"
+        assert resolve_backend(x) == "onednn"
+    assert resolve_backend(x) == "blas"
+    with pytest.raises(TinyDiTError, match="blas"):
+        with linear_backend("mkl"):
+            pass
+
+
+def test_the_probe_runs_once_and_leaves_the_global_rng_alone(monkeypatch):
+    monkeypatch.setattr(linear_module, "_onednn_faster", None)
+    calls = []
+    real = linear_module._probe
+    monkeypatch.setattr(linear_module, "_probe", lambda: calls.append(1) or real())
+    state = torch.get_rng_state()
+    answer = onednn_is_faster()
+    assert isinstance(answer, bool)
+    assert onednn_is_faster() is answer and len(calls) == 1
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_maybe_compile_asks_the_probe_before_compiling(monkeypatch):
+    monkeypatch.setattr(linear_module, "_onednn_faster", None)
+    monkeypatch.setattr(linear_module, "_probe", lambda: True)
+    monkeypatch.setattr(torch, "compile", lambda model: model)  # compiling itself is not under test
+    model = nn.Linear(2, 2)
+    assert maybe_compile(model, False) is model and linear_module._onednn_faster is None  # eager: no probe
+    maybe_compile(model, True)
+    assert linear_module._onednn_faster is True
+
+
+def tiny_dit(**kw) -> DiT:
+    torch.manual_seed(0)
+    model = DiT(DiTConfig(img_size=8, in_channels=3, patch_size=2, dim=32, depth=2, n_heads=2, n_classes=3, **kw))
+    for m in model.modules():  # away from the zero initialisation, so every layer matters
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=0.1)
+    return model
+
+
+@pytest.mark.parametrize("mlp", ["gelu", "swiglu"])
+def test_the_model_computes_the_same_through_either_kernel(mlp):
+    model = tiny_dit(mlp=mlp)
+    x, t, y = torch.randn(4, 3, 8, 8), torch.rand(4), torch.tensor([0, 1, 2, 3])
+    outs, grads = {}, {}
+    for backend in ("blas", "onednn"):
+        model.zero_grad()
+        with linear_backend(backend):
+            outs[backend] = model(x, t, y)
+        outs[backend].square().mean().backward()
+        grads[backend] = [p.grad.clone() for p in model.parameters()]
+    torch.testing.assert_close(outs["blas"], outs["onednn"], rtol=1e-4, atol=1e-5)
+    for a, b in zip(grads["blas"], grads["onednn"], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_the_models_token_linears_go_through_the_chosen_kernel(monkeypatch, probe_says):
+    model = tiny_dit()
+    convs = []
+    real = F.conv2d
+    monkeypatch.setattr(F, "conv2d", lambda *a, **k: convs.append(a[1].shape[-1]) or real(*a, **k))
+    x, t, y = torch.randn(2, 3, 8, 8), torch.rand(2), torch.tensor([0, 1])
+    probe_says(True)
+    model(x, t, y)
+    one_by_one = [k for k in convs if k == 1]  # the patch embedding is a 2x2 convolution of its own
+    assert len(one_by_one) == 4 * model.config.depth + 1  # QKV, projection, 2 MLP maps per block; output
+    convs.clear()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(x, t, y)
+    assert [k for k in convs if k == 1] == []
+    probe_says(False)
+    model(x, t, y)
+    assert [k for k in convs if k == 1] == []
