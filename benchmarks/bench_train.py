@@ -66,8 +66,8 @@ def matmul_peak(device: torch.device, precision: str) -> dict[str, float]:
     """Best FLOP/s of one square matmul over a few sizes, per library: the machine's practical peak.
 
     On a CPU PyTorch has two: ``torch.mm`` goes to its BLAS (MKL in the x86 wheels), and a 1x1
-    convolution to oneDNN (``tinydit.linear.onednn_linear``). MKL runs slower code on non-Intel CPUs,
-    so the peak that MFU divides by is the better of the two.
+    convolution to oneDNN (``tinydit.linear.onednn_linear``). On our AMD EPYC, MKL ran at half of
+    oneDNN's rate in fp32, so the peak that MFU divides by is the better of the two.
     """
     dtype = DTYPES[precision]
     kernels = {"blas": torch.mm}

@@ -30,12 +30,14 @@ import torch
 from torch import nn
 
 from tinydit import __version__, distill, get_device
+from tinydit.attention import resolve_backend as resolve_attention
 from tinydit.checkpoint import load_checkpoint, save_checkpoint, unwrap
 from tinydit.config import TRAJECTORY_FIELDS, TrainConfig
 from tinydit.data import canonical_name, load_dataset
 from tinydit.errors import TinyDiTError
 from tinydit.flow import N_T_BINS, flow_loss, sample_t, t_bins
 from tinydit.images import save_grid
+from tinydit.linear import resolve_backend as resolve_linear
 from tinydit.model import count_params
 from tinydit.registry import build_model, config_from_dict, preset_config
 from tinydit.runtime import autocast, make_grad_scaler, maybe_compile, resolve_compile, resolve_precision
@@ -337,6 +339,13 @@ class Trainer:
         save_checkpoint(self.ckpt_path, self.state_dict())
         return self.ckpt_path
 
+    def kernels(self) -> dict[str, str]:
+        """The kernels this run's device and precision get (``tinydit.linear``, ``tinydit.attention``): two
+        machines that pick differently train to results that differ by float rounding."""
+        x = torch.empty(0, device=self.device)
+        with autocast(self.device, self.precision):
+            return {"token_linears": resolve_linear(x), "attention": resolve_attention(x)}
+
     def _write_config(self) -> None:
         resolved = {
             "train": self.cfg.to_dict(),
@@ -347,6 +356,7 @@ class Trainer:
             "device": str(self.device),
             "precision": self.precision,
             "compile": self.compiled,
+            "kernels": self.kernels(),
             "tinydit_version": __version__,
             "torch_version": torch.__version__,
         }
