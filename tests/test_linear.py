@@ -141,8 +141,9 @@ def test_the_model_computes_the_same_through_either_kernel(mlp):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
-def test_the_models_token_linears_go_through_the_chosen_kernel(monkeypatch, probe_says):
-    model = tiny_dit()
+@pytest.mark.parametrize("mlp, maps_per_block", [("gelu", 4), ("swiglu", 5)])  # SwiGLU: gate and up apart
+def test_the_models_token_linears_go_through_the_chosen_kernel(monkeypatch, probe_says, mlp, maps_per_block):
+    model = tiny_dit(mlp=mlp)
     convs = []
     real = F.conv2d
     monkeypatch.setattr(F, "conv2d", lambda *a, **k: convs.append(a[1].shape[-1]) or real(*a, **k))
@@ -150,7 +151,7 @@ def test_the_models_token_linears_go_through_the_chosen_kernel(monkeypatch, prob
     probe_says(True)
     model(x, t, y)
     one_by_one = [k for k in convs if k == 1]  # the patch embedding is a 2x2 convolution of its own
-    assert len(one_by_one) == 4 * model.config.depth + 1  # QKV, projection, 2 MLP maps per block; output
+    assert len(one_by_one) == maps_per_block * model.config.depth + 1  # QKV, projection, MLP; output layer
     convs.clear()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         model(x, t, y)

@@ -4,6 +4,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import dead_parameters_after_sgd
 
 from tinydit.errors import TinyDiTError
@@ -13,6 +14,7 @@ from tinydit.model import (
     Attention,
     DiT,
     DiTConfig,
+    SwiGLU,
     apply_rope,
     count_params,
     get_preset,
@@ -201,6 +203,15 @@ def test_rope_scores_depend_only_on_the_2d_offset():
     assert len({round(v, 3) for v in means.values()}) > 0.9 * len(means)  # offsets are distinguishable
     # Rotations keep norms: RoPE moves information between channels, it never scales it.
     torch.testing.assert_close(q.norm(dim=-1), q.norm(dim=-1)[0].expand(g * g))
+
+
+def test_swiglu_computes_its_formula_on_the_stacked_fc1():
+    """fc1 stacks W_gate over W_up: the layout of every SwiGLU checkpoint, whatever the forward does with it."""
+    torch.manual_seed(0)
+    mlp = SwiGLU(16, 24)
+    x = torch.randn(2, 5, 16)
+    gate, up = mlp.fc1(x).chunk(2, dim=-1)
+    torch.testing.assert_close(mlp(x), mlp.fc2(F.silu(gate) * up), rtol=1e-5, atol=1e-6)
 
 
 def test_swiglu_has_about_the_parameters_of_the_gelu_mlp():

@@ -42,7 +42,7 @@ from torch import nn
 from tinydit.errors import TinyDiTError
 
 __all__ = ["BACKENDS", "PROBE_SPEEDUP", "TokenLinear", "linear_backend", "onednn_is_faster", "onednn_linear",
-           "resolve_backend"]  # fmt: skip
+           "resolve_backend", "token_linear"]  # fmt: skip
 
 BACKENDS = ("auto", "blas", "onednn")
 PROBE_SPEEDUP = 1.15  # auto takes oneDNN only where the probe timed it at least this much faster
@@ -117,12 +117,17 @@ def resolve_backend(x: torch.Tensor) -> str:
     return "onednn" if fp32 and onednn_is_faster() else "blas"
 
 
+def token_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias) through the kernel resolve_backend(x) names: x (..., D_in) -> (..., D_out)."""
+    if resolve_backend(x) == "onednn":
+        return onednn_linear(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
 class TokenLinear(nn.Linear):
     """``nn.Linear`` for maps applied to every token (QKV, projections, MLPs, the output layer): the same
     parameters and state dict, computed through ``tinydit.linear``'s faster kernel for the input."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., in_features) -> (..., out_features)"""
-        if resolve_backend(x) == "onednn":
-            return onednn_linear(x, self.weight, self.bias)
-        return F.linear(x, self.weight, self.bias)
+        return token_linear(x, self.weight, self.bias)
