@@ -75,7 +75,7 @@ def test_auto_takes_onednn_only_for_fp32_on_a_cpu_where_the_probe_says_so(probe_
     assert resolve_backend(x.bfloat16()) == "blas"
     with torch.autocast("cpu", dtype=torch.bfloat16):  # linear maps already run through oneDNN there
         assert resolve_backend(x) == "blas"
-    assert resolve_backend(torch.empty(2, 3, 4, device="meta")) == "blas"  # not a CPU: BLAS (cuBLAS on a GPU)
+    assert resolve_backend(torch.empty(2, 3, 4, device="meta")) == "blas"  # not a CPU: cuBLAS on a GPU
     probe_says(False)
     assert resolve_backend(x) == "blas"
 
@@ -159,3 +159,25 @@ def test_the_models_token_linears_go_through_the_chosen_kernel(monkeypatch, prob
     probe_says(False)
     model(x, t, y)
     assert [k for k in convs if k == 1] == []
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available() or torch.get_num_threads() < 2,
+                    reason="PyTorch sends a one-image convolution to oneDNN only with oneDNN and 2+ threads")
+def test_onednn_linear_at_a_size_that_reaches_onednn_matches_f_linear_forward_and_backward():
+    """Above 20,480 input values PyTorch runs the convolution through oneDNN (smaller ones through a
+    generic kernel): this is the kernel that fp32 training on a CPU uses."""
+    from torch.profiler import ProfilerActivity, profile
+
+    w0, b0 = weights(d_in=128, d_out=96, seed=5)
+    g = torch.Generator().manual_seed(6)
+    x0, upstream = torch.randn(4, 64, 128, generator=g), torch.randn(4, 64, 96, generator=g)
+    grads = []
+    for fn in (F.linear, onednn_linear):
+        x, w, b = (t.clone().requires_grad_() for t in (x0, w0, b0))
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            out = fn(x, w, b)
+            (out * upstream).sum().backward()
+        grads.append((out.detach(), x.grad, w.grad, b.grad))
+    assert "aten::mkldnn_convolution" in {e.key for e in prof.key_averages()}
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4)

@@ -4,8 +4,10 @@ import pytest
 import torch
 from conftest import fashion_mnist_available, fast_config
 
+import tinydit.linear as linear_module
 from tinydit.checkpoint import FORMAT_VERSION, load_checkpoint, load_model, save_checkpoint
 from tinydit.errors import TinyDiTError
+from tinydit.linear import linear_backend
 from tinydit.train import Trainer, ema_update
 
 HAS_FMNIST = fashion_mnist_available()
@@ -30,6 +32,24 @@ def test_resumed_run_ends_with_exactly_the_weights_of_an_uninterrupted_one(tmp_p
     assert all(_states_equal(a[k], b[k]) for k in a)
     # and the checkpoint on disk holds the same weights
     assert _states_equal(load_checkpoint(tmp_path / "b" / "checkpoint.pt")["model"], straight.model.state_dict())
+
+
+def test_a_continued_run_keeps_the_token_linear_kernel_it_started_with(tmp_path, monkeypatch):
+    """auto's kernel comes from a timing probe, which a new process may answer otherwise: the checkpoint's
+    record wins, so the continuation is exact."""
+    kw = dict(batch_size=8, limit=20)
+    with linear_backend("onednn"):  # the kernel a first process picked
+        straight = Trainer(fast_config(tmp_path / "a", steps=6, **kw), progress=False)
+        straight.fit()
+        Trainer(fast_config(tmp_path / "b", steps=3, **kw), progress=False).fit()
+    assert load_checkpoint(tmp_path / "b" / "checkpoint.pt")["kernels"]["token_linears"] == "onednn"
+    monkeypatch.setattr(linear_module, "_onednn_faster", False)  # a later process whose probe says BLAS
+    resumed = Trainer(fast_config(tmp_path / "b", steps=6, **kw), progress=False)
+    assert resumed.kernels()["token_linears"] == "onednn"
+    resumed.fit()
+    assert _states_equal(straight.model.state_dict(), resumed.model.state_dict())
+    # a new run follows the probe
+    assert Trainer(fast_config(tmp_path / "c", steps=1, **kw), progress=False).kernels()["token_linears"] == "blas"
 
 
 def test_checkpoint_round_trip_and_contents(tiny_run):

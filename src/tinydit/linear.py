@@ -19,14 +19,20 @@ Backends, chosen per process with ``linear_backend(name)`` (for benchmarks and t
 - ``onednn``: ``onednn_linear`` for inputs on a CPU, ``F.linear`` elsewhere.
 - ``auto`` (the default): ``onednn`` for fp32 inputs on a CPU outside autocast where a probe, run once
   per process on first use (about 30 ms), timed oneDNN at least ``PROBE_SPEEDUP`` times faster than
-  BLAS; ``blas`` everywhere else. Under bf16 autocast PyTorch already sends linear maps to oneDNN, and
-  in the trainer the convolution gained nothing there; on a GPU both go to cuBLAS/cuDNN. The margin
-  keeps a machine where the two libraries are level on BLAS, so that a noisy probe cannot flip the
-  choice.
+  BLAS; ``blas`` everywhere else. The margin keeps a machine where the two libraries are level on
+  BLAS, so that a noisy probe cannot flip the choice. Under bf16 autocast PyTorch already sends
+  linear maps to oneDNN, and in the trainer the convolution gained nothing there; on a GPU both go to
+  cuBLAS/cuDNN.
 
-The two kernels sum in different orders: their outputs differ by float32 rounding (about 1e-7
-relative), so a run continued on a machine whose probe chose otherwise is not bit-identical to an
-uninterrupted one.
+PyTorch (2.14) hands a one-image fp32 convolution to oneDNN only above 20,480 input values and with
+more than one thread. Smaller inputs (one or two images) get its generic kernel, which copies them and
+was slightly slower than ``F.linear`` (0.09 against 0.06 ms for 64 tokens of width 128): too little to
+be worth a second rule. With one thread every input gets that kernel, the probe times it too, and it
+finds nothing to gain.
+
+The two kernels sum in different orders, so their outputs differ by float32 rounding (about 1e-7
+relative). A training checkpoint records the kernel its run used, and a continuation on the same kind
+of device in the same precision keeps it (``tinydit.train``), so that it stays exact.
 """
 
 from __future__ import annotations
@@ -41,8 +47,8 @@ from torch import nn
 
 from tinydit.errors import TinyDiTError
 
-__all__ = ["BACKENDS", "PROBE_SPEEDUP", "TokenLinear", "linear_backend", "onednn_is_faster", "onednn_linear",
-           "resolve_backend", "token_linear"]  # fmt: skip
+__all__ = ["BACKENDS", "PROBE_SPEEDUP", "TokenLinear", "linear_backend", "onednn_is_faster",
+           "onednn_linear", "resolve_backend", "token_linear"]  # fmt: skip
 
 BACKENDS = ("auto", "blas", "onednn")
 PROBE_SPEEDUP = 1.15  # auto takes oneDNN only where the probe timed it at least this much faster
@@ -74,6 +80,7 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return y.permute(0, 2, 3, 1).reshape(*lead, weight.shape[0])  # (..., D_out)
 
 
+@torch.compiler.disable  # timing code: never traced, even when a model is compiled before anything probed
 def _probe(rounds: int = 5) -> bool:
     """True if oneDNN ran an fp32 (4096 x 256) @ (256 x 256) product at least PROBE_SPEEDUP times faster
     than BLAS on this CPU (fastest of ``rounds`` timings each, taken in turns after a warm-up)."""

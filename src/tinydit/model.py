@@ -337,7 +337,9 @@ def swiglu_hidden(dim: int, mlp_ratio: float, multiple_of: int = 8) -> int:
 
 
 class SwiGLU(nn.Module):
-    """fc2(silu(x W_gate) * x W_up); W_gate and W_up are stored stacked as fc1, shape (2 hidden, D)."""
+    """fc2(silu(x W_gate) * x W_up). W_gate and W_up are stored stacked as ``fc1`` (2 hidden, D), the layout
+    of every SwiGLU checkpoint; the forward multiplies by the two halves and never calls ``fc1`` itself,
+    so hooks on ``fc1`` do not fire."""
 
     def __init__(self, dim: int, hidden: int):
         super().__init__()

@@ -92,5 +92,6 @@ def maybe_compile(model: nn.Module, enabled: bool) -> Callable[..., torch.Tensor
     """
     if not enabled:
         return model
-    onednn_is_faster()  # the linear-kernel probe runs here, eagerly, so compiled code only reads its answer
+    if any(p.device.type == "cpu" for p in model.parameters()):
+        onednn_is_faster()  # the linear-kernel probe runs here, eagerly, so compiled code only reads its answer
     return torch.compile(model)

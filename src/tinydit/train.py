@@ -4,7 +4,9 @@ checkpoints, and exact resumption.
 Exact resumption: every random draw of step s (which images, their flips, times, noise and guidance
 dropout) comes from a generator seeded with (seed, s), and the batch order of epoch e from one seeded
 with (seed, e). A checkpoint therefore only needs the weights, EMA, optimizer state and step, and on
-a CPU in fp32 a run stopped and resumed ends with exactly the weights of an uninterrupted one.
+a CPU in fp32 a run stopped and resumed ends with exactly the weights of an uninterrupted one (the
+checkpoint also records the token-linear kernel, ``tinydit.linear``, which a continuation on the
+same kind of device and precision keeps).
 
 Text runs (``cond="text"``, always for MMDiT): the tokenizer is built once from the training captions
 (after the held-out combinations are removed) and stored in the checkpoint; every caption is encoded
@@ -14,6 +16,7 @@ the empty caption instead of the null label.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -37,6 +40,7 @@ from tinydit.data import canonical_name, load_dataset
 from tinydit.errors import TinyDiTError
 from tinydit.flow import N_T_BINS, flow_loss, sample_t, t_bins
 from tinydit.images import save_grid
+from tinydit.linear import linear_backend
 from tinydit.linear import resolve_backend as resolve_linear
 from tinydit.model import count_params
 from tinydit.registry import build_model, config_from_dict, preset_config
@@ -184,6 +188,12 @@ class Trainer:
             if all(getattr(stored, f) == getattr(self.model_config, f) for f in data):
                 self.model_config = stored
 
+        # A run continued on the same kind of device in the same precision keeps the token-linear kernel it
+        # started with: auto's choice comes from a timing probe, and the two kernels round differently.
+        saved = state.get("kernels") if state is not None else None
+        same = saved is not None and (saved["device"], saved["precision"]) == (self.device.type, self.precision)
+        self.linear_kernel: str | None = saved["token_linears"] if same else None  # None: as the caller's context
+
         torch.manual_seed(cfg.seed)
         self.model = build_model(cfg.model, self.model_config).to(self.device)  # fp32 master weights, saved as they are
         if self.teacher_state is not None and state is None:
@@ -323,6 +333,7 @@ class Trainer:
             "grad_scaler": self.scaler.state_dict(),
             "step": self.step,
             "train_seconds": self.train_seconds,
+            "kernels": {"device": self.device.type, "precision": self.precision, **self.kernels()},
             "rng": {
                 "torch": torch.get_rng_state(),
                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
@@ -343,7 +354,7 @@ class Trainer:
         """The kernels this run's device and precision get (``tinydit.linear``, ``tinydit.attention``): two
         machines that pick differently train to results that differ by float rounding."""
         x = torch.empty(0, device=self.device)
-        with autocast(self.device, self.precision):
+        with self._linear_kernel(), autocast(self.device, self.precision):
             return {"token_linears": resolve_linear(x), "attention": resolve_attention(x)}
 
     def _write_config(self) -> None:
@@ -522,6 +533,15 @@ class Trainer:
         return self.train_seconds + (time.perf_counter() - started)
 
     def fit(self) -> TrainResult:
+        """Train until --steps or --minutes, whichever comes first, then save and report."""
+        with self._linear_kernel():
+            return self._fit()
+
+    def _linear_kernel(self) -> contextlib.AbstractContextManager:
+        """The recorded kernel of a continued run; otherwise whatever the caller's context (or auto) picks."""
+        return linear_backend(self.linear_kernel) if self.linear_kernel else contextlib.nullcontext()
+
+    def _fit(self) -> TrainResult:
         from tqdm.auto import tqdm
 
         cfg = self.cfg
