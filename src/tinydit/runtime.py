@@ -3,11 +3,11 @@
 The defaults are what measured fastest (benchmarks/README.md):
 
 - CPU with native bf16 (AVX512-BF16 or AMX, as oneDNN reports): bf16 autocast, eager. On our 2-core
-  AVX-512 machine a dit-1.9m training step ran 1.86x faster in bf16 than in fp32, with attention
+  AVX-512 machine a dit-1.9m training step ran 1.88x faster in bf16 than in fp32, with attention
   written out as matmuls (``tinydit.attention``) and fp32's token linears already on oneDNN
   (``tinydit.linear``). CPUs without it emulate bf16 matmuls (under 1 GFLOP/s on an AVX2 machine), so
   there fp32 is the default.
-- ``torch.compile`` on CPU made a bf16 training step 1.32x faster (fp32: 1.01x), but compiling took
+- ``torch.compile`` on CPU made a bf16 training step 1.27x faster (fp32: 0.94x, slower), but compiling took
   about 40 s at the start of a run, which only pays after about 3 minutes of training, and it needs a
   C++ compiler: off by default, ``--compile on`` for longer bf16 runs.
 - CUDA: bf16 autocast where supported, and ``torch.compile``.
