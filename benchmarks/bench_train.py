@@ -280,10 +280,8 @@ def peak_memory_mb(cfg: DiTConfig, batch: int, device: torch.device, precision: 
 
 def picked_linear(args: argparse.Namespace, device: torch.device) -> str:
     """The kernel of TinyDiT's token linears: the forced one, or what ``auto`` picks here (tinydit.linear)."""
-    x = torch.empty(0, device=device, dtype=DTYPES[args.precision])
     if args.linear != "auto":
-        with linear_backend(args.linear):
-            return f"{args.linear} = {resolve_linear(x)}"
+        return args.linear
     with autocast(device, args.precision):
         return f"auto = {resolve_linear(torch.empty(0, device=device))}"
 
