@@ -5,8 +5,9 @@
     onednn_linear(x, weight, bias)           F.linear(x, weight, bias) computed as a 1x1 convolution
 
 On a CPU PyTorch sends an fp32 ``F.linear`` to its BLAS (MKL in the x86 wheels) and a convolution to
-oneDNN. MKL chooses its code by CPU vendor: on our 2-core AMD EPYC with AVX-512 its best square fp32
-matmul ran at 223 GFLOP/s, and oneDNN's at 448 (``python benchmarks/bench_train.py`` prints both). A
+oneDNN. On our 2-core AMD EPYC with AVX-512, MKL's best square fp32 matmul ran at 223 GFLOP/s and
+oneDNN's at 448 (``python benchmarks/bench_train.py`` prints both; ``MKL_ENABLE_INSTRUCTIONS=AVX512``
+changed nothing). A
 linear map applied to every token is a 1x1 convolution over a one-pixel-wide image whose pixels are the
 tokens, and a contiguous (..., D) tensor already is such an image in channels-last layout, so the
 convolution reads and writes the tokens where they lie. The forward and backward of dit-1.9m's token
