@@ -27,6 +27,7 @@ diffusers``), and the last two lines printed are ``mfu: 0.NN`` (TinyDiT) and
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import datetime
 import multiprocessing as mp
@@ -36,7 +37,7 @@ import resource
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import torch
@@ -124,8 +125,14 @@ class Workload:
         self.t = torch.rand(batch, generator=g).to(device)
         self.y = torch.randint(0, cfg.n_classes + 1, (batch,), generator=g).to(device)
 
-    def step(self) -> None:
+    @contextlib.contextmanager
+    def kernels(self) -> Iterator[None]:
+        """This workload's linear and attention kernels and its precision, as the trainer runs them."""
         with linear_backend(self.linear), attention_backend(self.attention), autocast(self.device, self.precision):
+            yield
+
+    def step(self) -> None:
+        with self.kernels():
             if self.objective == "shortcut":
                 loss = shortcut_loss(self.forward, self.x, self.y, self.t, self.noise, torch.Generator().manual_seed(0))
             elif self.objective == "distill":
@@ -150,21 +157,21 @@ class Workload:
         return (time.perf_counter() - start) / steps
 
 
-def teacher_path_rate(w: Workload, device: torch.device, precision: str, n: int = 500) -> tuple[float, int]:
+def teacher_path_rate(w: Workload, n: int = 500) -> tuple[float, int]:
     """Teacher paths per second, and model evaluations per path: ``n`` paths in one batch, sampled with
     the ``--few-step distill`` defaults as ``tinydit.distill.teacher_paths`` samples them."""
     d = TrainConfig  # the --few-step distill defaults
-    noise = torch.randn(n, w.cfg.in_channels, w.cfg.img_size, w.cfg.img_size, device=device)
-    y = torch.arange(n, device=device) % w.cfg.n_classes
+    noise = torch.randn(n, w.cfg.in_channels, w.cfg.img_size, w.cfg.img_size, device=w.device)
+    y = torch.arange(n, device=w.device) % w.cfg.n_classes
     w.model.eval()
     times = []
     for _ in range(3):
-        sync(device)
+        sync(w.device)
         start = time.perf_counter()
-        with torch.no_grad(), autocast(device, precision):
+        with torch.no_grad(), w.kernels():
             _, nfe = sample_path(d.teacher_sampler, w.model, noise, y, KNOTS, d.teacher_steps // KNOTS, d.teacher_cfg,
                                  cfg_interval=d.teacher_cfg_interval)
-        sync(device)
+        sync(w.device)
         times.append(time.perf_counter() - start)
     w.model.train()
     return n / sorted(times)[1], nfe
@@ -229,7 +236,7 @@ def sample_rate(w: Workload, n: int, steps: int) -> float:
     noise = torch.randn(n, cfg.in_channels, cfg.img_size, cfg.img_size, device=w.device)
     y = torch.arange(n, device=w.device) % cfg.n_classes
     forward = maybe_compile(w.ema, w.forward is not w.model)
-    with linear_backend(w.linear), attention_backend(w.attention), autocast(w.device, w.precision):
+    with w.kernels():
         euler_sample(forward, noise, y, 2, 2.0)  # warm-up
         rates = []
         for _ in range(3):
@@ -391,7 +398,7 @@ def main() -> None:
         for name, t in (("shortcut (1/4 self-consistency)", t_short), ("distillation student", t_student)):
             print(f"| {name} | {args.batch / t:.0f} | {1000 * t:.0f} | {t / t_plain:.2f}x |")
         print()
-        rate, nfe = teacher_path_rate(plain, device, args.precision)
+        rate, nfe = teacher_path_rate(plain)
         d = TrainConfig
         print(f"teacher paths for distillation: {rate:.0f} paths/s ({d.teacher_sampler}, {d.teacher_steps} steps, "
               f"guidance {d.teacher_cfg:g} for t in [{d.teacher_cfg_interval[0]:g}, {d.teacher_cfg_interval[1]:g}]: "
