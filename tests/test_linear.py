@@ -1,3 +1,5 @@
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -181,3 +183,55 @@ def test_onednn_linear_at_a_size_that_reaches_onednn_matches_f_linear_forward_an
     assert "aten::mkldnn_convolution" in {e.key for e in prof.key_averages()}
     for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_compiled_code_operator_passes_torch_library_checks(bias):
+    """Schema, fake (shape-only) implementation and autograd registration of tinydit::onednn_linear."""
+    w, b = weights(d_in=128, d_out=96, seed=7)
+    x = torch.randn(4, 64, 128, generator=torch.Generator().manual_seed(8), requires_grad=True)
+    w.requires_grad_()
+    args = (x, w, b.requires_grad_() if bias else None)
+    torch.library.opcheck(linear_module._onednn_linear_op, args)
+
+
+def test_the_operator_backward_leaves_out_the_gradients_nobody_needs():
+    w0, b0 = weights(d_in=128, d_out=96, seed=9)
+    x0 = torch.randn(4, 64, 128, generator=torch.Generator().manual_seed(10))
+    upstream = torch.randn(4, 64, 96, generator=torch.Generator().manual_seed(11))
+    for needs in ([True, False, False], [False, True, True], [True, True, False]):
+        x, w, b = (t.clone().requires_grad_(n) for t, n in zip((x0, w0, b0), needs, strict=True))
+        want = [torch.autograd.grad((F.linear(x, w, b) * upstream).sum(), t) if n else None
+                for t, n in zip((x, w, b), needs, strict=True)]  # fmt: skip
+        (linear_module._onednn_linear_op(x, w, b) * upstream).sum().backward()
+        for t, n, g in zip((x, w, b), needs, want, strict=True):
+            if n:
+                torch.testing.assert_close(t.grad, g[0], rtol=1e-5, atol=1e-4)
+            else:
+                assert t.grad is None
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_compiled_models_run_the_operator_and_match_eager(monkeypatch, probe_says, precision):
+    """Compiled code reaches the convolution through tinydit::onednn_linear (Inductor would otherwise
+    lay its image out channels-first); values and gradients match the eager model."""
+    calls = []
+    real = linear_module._onednn_linear_op
+    monkeypatch.setattr(linear_module, "_onednn_linear_op", lambda *a: calls.append(1) or real(*a))
+    torch._dynamo.reset()
+    model = tiny_dit(mlp="swiglu")
+    x, t, y = torch.randn(4, 3, 8, 8), torch.rand(4), torch.tensor([0, 1, 2, 3])
+    results = []
+    probe_says(True)
+    for forward in (model, torch.compile(model)):
+        model.zero_grad()
+        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+        with linear_backend("onednn"), ctx:
+            out = forward(x, t, y)
+        out.float().square().mean().backward()
+        results.append((out.detach().float(), [p.grad.clone() for p in model.parameters()]))
+    assert calls, "the compiled model never reached the operator"
+    tol = dict(rtol=1e-4, atol=1e-5) if precision == "fp32" else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(results[0][0], results[1][0], **tol)
+    for a, b in zip(results[0][1], results[1][1], strict=True):
+        torch.testing.assert_close(a, b, **tol)

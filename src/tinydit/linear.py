@@ -70,15 +70,83 @@ def linear_backend(name: str) -> Iterator[None]:
         _backend = previous
 
 
-def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x (..., D_in), weight (D_out, D_in), bias (D_out,) -> x weight^T + bias (..., D_out), as a 1x1
-    convolution over the M = x.numel() / D_in tokens laid out as one channels-last image."""
+def _conv_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The 1x1 convolution itself, on plain tensors (PyTorch's autograd differentiates it in eager mode)."""
     *lead, d = x.shape
-    if x.numel() == 0:  # no pixels to convolve
-        return F.linear(x, weight, bias)
     pixels = x.reshape(1, -1, 1, d).permute(0, 3, 1, 2)  # (1, D_in, M, 1), channels-last: x's own memory
     y = F.conv2d(pixels, weight[:, :, None, None], bias)  # (1, D_out, M, 1), channels-last
-    return y.permute(0, 2, 3, 1).reshape(*lead, weight.shape[0])  # (..., D_out)
+    return y.permute(0, 2, 3, 1).reshape(*lead, weight.shape[0])  # (..., D_out), contiguous
+
+
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x (..., D_in), weight (D_out, D_in), bias (D_out,) -> x weight^T + bias (..., D_out), as a 1x1
+    convolution over the M = x.numel() / D_in tokens laid out as one channels-last image.
+
+    Eager code calls the convolution directly. Compiled code calls it as one opaque operator
+    (``tinydit::onednn_linear``, with its own backward), because Inductor would otherwise lay the
+    one-pixel-wide image out channels-first, and oneDNN then converts it, in and out, at every call: a
+    compiled fp32 training step of dit-1.9m ran at 0.94x eager that way, 1.2x through the operator
+    (benchmarks/README.md).
+    """
+    if x.numel() == 0:  # no pixels to convolve
+        return F.linear(x, weight, bias)
+    if not torch.compiler.is_compiling():
+        return _conv_linear(x, weight, bias)
+    if torch.is_autocast_enabled("cpu"):  # a custom operator gets no autocast casts of its own
+        dtype = torch.get_autocast_dtype("cpu")
+        x, weight = x.to(dtype), weight.to(dtype)
+        bias = bias.to(dtype) if bias is not None else None
+    return _onednn_linear_op(x, weight, bias)
+
+
+@torch.library.custom_op("tinydit::onednn_linear", mutates_args=())
+def _onednn_linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return _conv_linear(x.contiguous(), weight, bias)
+
+
+@_onednn_linear_op.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+@torch.library.custom_op("tinydit::onednn_linear_backward", mutates_args=())
+def _onednn_linear_backward_op(
+    grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, needed: list[bool]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients for x, weight and bias in one oneDNN call; an empty tensor where ``needed`` is False."""
+    d_out, d_in = weight.shape
+    pixels = x.contiguous().reshape(1, -1, 1, d_in).permute(0, 3, 1, 2)  # as in _conv_linear
+    grad_pixels = grad.contiguous().reshape(1, -1, 1, d_out).permute(0, 3, 1, 2)
+    gx, gw, gb = torch.ops.aten.convolution_backward(
+        grad_pixels, pixels, weight[:, :, None, None], [d_out], [1, 1], [0, 0], [1, 1], False, [0, 0], 1, needed
+    )
+    gx = gx.permute(0, 2, 3, 1).reshape(x.shape) if needed[0] else x.new_empty(0)
+    gw = gw.reshape(d_out, d_in) if needed[1] else weight.new_empty(0)
+    return gx, gw, gb if needed[2] else weight.new_empty(0)
+
+
+@_onednn_linear_backward_op.register_fake
+def _(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, needed: list[bool]):
+    def like(t: torch.Tensor, shape: tuple, n: bool) -> torch.Tensor:
+        return t.new_empty(shape if n else (0,))
+
+    return like(x, x.shape, needed[0]), like(weight, weight.shape, needed[1]), like(weight, weight.shape[:1], needed[2])
+
+
+def _setup_context(ctx, inputs: tuple, output: torch.Tensor) -> None:
+    x, weight, bias = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.has_bias = bias is not None
+
+
+def _backward(ctx, grad: torch.Tensor):
+    x, weight = ctx.saved_tensors
+    needed = [ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]]
+    grads = _onednn_linear_backward_op(grad, x, weight, needed)
+    return tuple(g if n else None for g, n in zip(grads, needed, strict=True))
+
+
+_onednn_linear_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 @torch.compiler.disable  # timing code: never traced, even when a model is compiled before anything probed
