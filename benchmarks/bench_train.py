@@ -5,6 +5,7 @@
     python benchmarks/bench_train.py --preset dit-1.9m --modes        # fp32/bf16 x eager/compiled
     python benchmarks/bench_train.py --preset dit-1.9m --compare diffusers
     python benchmarks/bench_train.py --preset dit-0.2m --shape 1x28 --few-step   # shortcut training's cost
+    python benchmarks/bench_train.py --preset dit-1.9m --breakdown    # where a step's time goes
 
 A training step is the trainer's whole step: forward, MSE loss, backward, gradient clipping, AdamW
 and the EMA update, on a batch already in memory. Every timing is the median of ``--repeats`` runs of
@@ -22,6 +23,11 @@ and after the model timings. With ``--compare diffusers`` the same loop times di
 ``DiTTransformer2DModel`` at equal width, depth, heads, patch and image size (``pip install
 diffusers``), and the last two lines printed are ``mfu: 0.NN`` (TinyDiT) and
 ``speedup_vs_diffusers: N.NN`` (TinyDiT images/s over diffusers' images/s).
+
+``--breakdown`` profiles the step (``torch.profiler``) and splits its time between the matmul kernels
+(convolutions, BLAS and attention), code compiled by Inductor, and everything else. Its last line,
+``mfu_ceiling: 0.NN``, is the MFU the step would reach if nothing but its matmul kernels took any
+time: the bound that faster glue code cannot lift, only faster kernels or larger matrices.
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ from tinydit.model import PRESETS, SWITCHES, DiT, DiTConfig, count_params, get_p
 from tinydit.runtime import autocast, cpu_has_native_bf16, maybe_compile
 from tinydit.sampling import euler_sample, sample_path
 from tinydit.shortcut import shortcut_loss
-from tinydit.train import ema_update, resolve_device
+from tinydit.train import adamw, ema_update, resolve_device
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -117,7 +123,7 @@ class Workload:
         self.attention = "auto"  # TinyDiT's attention kernel (tinydit.attention); diffusers' models ignore it
         self.linear = "auto"  # TinyDiT's token linears (tinydit.linear); diffusers' nn.Linear ignores it
         self.ema = copy.deepcopy(model).requires_grad_(False)
-        self.opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.99))
+        self.opt = adamw(model.parameters(), device, lr=1e-4)  # the trainer's optimizer, for every model raced
         g = torch.Generator().manual_seed(0)
         shape = (batch, cfg.in_channels, cfg.img_size, cfg.img_size)
         self.x = torch.randn(shape, generator=g).to(device)
@@ -155,6 +161,36 @@ class Workload:
             self.step()
         sync(self.device)
         return (time.perf_counter() - start) / steps
+
+
+# Profiler keys (self time) of the kernels that do the counted FLOPs, by kind; "## Call CompiledFxGraph"
+# is Inductor's generated code.
+MATMUL_KERNELS = ("aten::mkldnn_convolution", "aten::convolution_backward", "aten::mm", "aten::addmm", "aten::bmm",
+                  "aten::baddbmm", "aten::_mkldnn_linear", "aten::mkldnn_linear_backward")  # fmt: skip
+ATTENTION_PREFIX = "aten::_scaled_dot_product"  # SDPA's forward and backward kernels
+COMPILED_PREFIX = "## Call CompiledFxGraph"
+
+
+def breakdown(w: Workload, steps: int) -> dict[str, float]:
+    """Seconds per training step by kind of work, from the profiler's self times over ``steps`` steps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            w.step()
+    kinds = ("matmuls and convolutions (BLAS, oneDNN)", "SDPA kernels", "compiled code (Inductor)", "rest")
+    parts = dict.fromkeys(kinds, 0.0)
+    for event in prof.key_averages():
+        if event.key in MATMUL_KERNELS:
+            kind = "matmuls and convolutions (BLAS, oneDNN)"
+        elif event.key.startswith(ATTENTION_PREFIX):
+            kind = "SDPA kernels"
+        elif event.key.startswith(COMPILED_PREFIX):
+            kind = "compiled code (Inductor)"
+        else:
+            kind = "rest"
+        parts[kind] += event.self_cpu_time_total / 1e6 / steps
+    return parts
 
 
 def teacher_path_rate(w: Workload, n: int = 500) -> tuple[float, int]:
@@ -331,6 +367,7 @@ def main() -> None:
     mode.add_argument("--modes", action="store_true", help="fp32/bf16 x eager/compiled for one preset")
     mode.add_argument("--compare", choices=["diffusers"], help="race diffusers' DiT at the same configuration")
     mode.add_argument("--few-step", action="store_true", help="a flow-matching step against a shortcut step")
+    mode.add_argument("--breakdown", action="store_true", help="where one preset's step time goes, and its MFU ceiling")
     args = parser.parse_args()
     device = resolve_device(args.device)
     channels, size = (int(v) for v in args.shape.split("x"))
@@ -403,6 +440,35 @@ def main() -> None:
         print(f"teacher paths for distillation: {rate:.0f} paths/s ({d.teacher_sampler}, {d.teacher_steps} steps, "
               f"guidance {d.teacher_cfg:g} for t in [{d.teacher_cfg_interval[0]:g}, {d.teacher_cfg_interval[1]:g}]: "
               f"{nfe} evaluations each, the --few-step distill default)")
+        return
+
+    if args.breakdown:
+        cfg = get_preset(presets[0], img_size=size, in_channels=channels)
+        w = ours(cfg)
+        (t_step,) = race([w], args.steps, args.repeats)
+        parts = breakdown(w, args.steps * args.repeats)
+        peaks = (peak_before, matmul_peak(device, args.precision))
+        peak = best_peak(*peaks)
+        flops = 3 * w.model.flops_per_image() * args.batch
+        kernels = parts["matmuls and convolutions (BLAS, oneDNN)"] + parts["SDPA kernels"]
+        if not kernels:
+            sys.exit(f"no matmul kernel among the profiler's keys: update MATMUL_KERNELS for torch {torch.__version__}")
+        total = sum(parts.values())
+        print(f"config: {presets[0]} ({args.shape}), batch {args.batch}, {args.precision}"
+              f"{', compiled' if args.compile else ''}; attention: {picked_attention(args, device)}, "
+              f"linears: {picked_linear(args, device)}; matmul peak {describe_peak(*peaks)}")
+        print(f"step: {1000 * t_step:.0f} ms unprofiled, MFU {flops / t_step / peak:.2f}; "
+              f"{1000 * total:.0f} ms under the profiler, split below (self times)")
+        print()
+        print("| part of the step | ms per step | share |")
+        print("|---|---|---|")
+        for kind, t in parts.items():
+            name = "everything else (elementwise, norms, copies, optimizer, Python)" if kind == "rest" else kind
+            print(f"| {name} | {1000 * t:.1f} | {t / total:.0%} |")
+        print()
+        print(f"the matmul and attention kernels alone: {1000 * kernels:.0f} ms for {flops / 1e9:.1f} GFLOP, "
+              f"{flops / kernels / 1e9:.0f} GFLOP/s")
+        print(f"mfu_ceiling: {flops / kernels / peak:.2f}")
         return
 
     if args.switches:

@@ -8,7 +8,7 @@ import tinydit.linear as linear_module
 from tinydit.checkpoint import FORMAT_VERSION, load_checkpoint, load_model, save_checkpoint
 from tinydit.errors import TinyDiTError
 from tinydit.linear import linear_backend
-from tinydit.train import Trainer, ema_update
+from tinydit.train import Trainer, adamw, ema_update
 
 HAS_FMNIST = fashion_mnist_available()
 
@@ -236,3 +236,21 @@ def test_a_run_continues_with_its_own_architecture_after_its_preset_changes(tmp_
     assert resumed.step == 1 and resumed.model_config.mlp == "gelu"
     resumed.fit()
     assert Trainer(fast_config(tmp_path / "new", steps=1), progress=False).model_config.mlp == "swiglu"
+
+
+def test_the_trainers_adamw_is_fused_on_a_cpu_and_takes_the_plain_adamw_step():
+    start = torch.randn(5, 3, generator=torch.Generator().manual_seed(0))
+    grad = torch.randn(5, 3, generator=torch.Generator().manual_seed(1))
+    params = []
+    for make in (lambda p: adamw([p], torch.device("cpu"), lr=0.1, weight_decay=0.05),
+                 lambda p: torch.optim.AdamW([p], lr=0.1, betas=(0.9, 0.99), weight_decay=0.05)):  # fmt: skip
+        p = torch.nn.Parameter(start.clone())
+        opt = make(p)
+        for _ in range(3):
+            p.grad = grad.clone()
+            opt.step()
+        params.append(p.detach())
+        if len(params) == 1:
+            assert opt.defaults["fused"] is True
+    torch.testing.assert_close(params[0], params[1], rtol=1e-6, atol=1e-6)
+    assert not torch.equal(params[0], start)

@@ -49,7 +49,7 @@ from tinydit.sampling import class_cycle, euler_sample
 from tinydit.shortcut import n_self_consistency, shortcut_loss
 from tinydit.text import Tokenizer, holds_phrase
 
-__all__ = ["Trainer", "TrainResult", "resolve_device", "ema_update", "ensure_writable_dir"]
+__all__ = ["Trainer", "TrainResult", "adamw", "resolve_device", "ema_update", "ensure_writable_dir"]
 
 VAL_SEED = 1234  # fixed noise for the validation loss, the same in every run
 
@@ -77,6 +77,18 @@ def ensure_writable_dir(path: Path) -> None:
         probe.unlink()
     except OSError as err:
         raise TinyDiTError(f"cannot write to output directory {path} ({err.strerror}); choose another --out") from err
+
+
+def adamw(params, device: torch.device, lr: float, weight_decay: float = 0.0) -> torch.optim.AdamW:
+    """The trainer's AdamW (betas 0.9, 0.99), with PyTorch's fused kernel where it has one (CPU, CUDA).
+
+    Fused, an AdamW step over dit-1.9m's parameters took 0.8 ms on our 2-core CPU instead of 3.2 ms
+    (one loop per parameter tensor, the CPU default): 1% of an fp32 training step, more for smaller
+    models. Both compute the same update; they round differently, so an exact resume needs the same
+    one, and it gets it: the choice depends only on the device.
+    """
+    fused = device.type in ("cpu", "cuda")
+    return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.99), weight_decay=weight_decay, fused=fused or None)
 
 
 @torch.no_grad()
@@ -199,9 +211,7 @@ class Trainer:
         if self.teacher_state is not None and state is None:
             distill.init_student(self.model, self.teacher_state["ema"])
         self.ema = copy.deepcopy(self.model).requires_grad_(False).eval()
-        self.opt = torch.optim.AdamW(
-            self.model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=cfg.weight_decay
-        )
+        self.opt = adamw(self.model.parameters(), self.device, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.scaler = make_grad_scaler(self.device, self.precision)
         self.bin_loss = torch.zeros(N_T_BINS, device=self.device)  # training loss summed per bin of t
         self.bin_count = torch.zeros(N_T_BINS, device=self.device)
