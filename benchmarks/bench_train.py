@@ -164,9 +164,11 @@ class Workload:
 
 
 # Profiler keys (self time) of the kernels that do the counted FLOPs, by kind; "## Call CompiledFxGraph"
-# is Inductor's generated code.
+# is Inductor's generated code. The _slow_conv2d kernels run convolutions too small for oneDNN, or any
+# with one thread.
 MATMUL_KERNELS = ("aten::mkldnn_convolution", "aten::convolution_backward", "aten::mm", "aten::addmm", "aten::bmm",
-                  "aten::baddbmm", "aten::_mkldnn_linear", "aten::mkldnn_linear_backward")  # fmt: skip
+                  "aten::baddbmm", "aten::_mkldnn_linear", "aten::mkldnn_linear_backward",
+                  "aten::_slow_conv2d_forward", "aten::_slow_conv2d_backward")  # fmt: skip
 ATTENTION_PREFIX = "aten::_scaled_dot_product"  # SDPA's forward and backward kernels
 COMPILED_PREFIX = "## Call CompiledFxGraph"
 
@@ -443,6 +445,8 @@ def main() -> None:
         return
 
     if args.breakdown:
+        if device.type != "cpu":  # a GPU's kernels run asynchronously: their CPU time is launch overhead
+            sys.exit("--breakdown profiles CPU time, which on a GPU measures kernel launches: run it on a CPU")
         cfg = get_preset(presets[0], img_size=size, in_channels=channels)
         w = ours(cfg)
         (t_step,) = race([w], args.steps, args.repeats)

@@ -195,20 +195,32 @@ def test_the_compiled_code_operator_passes_torch_library_checks(bias):
     torch.library.opcheck(linear_module._onednn_linear_op, args)
 
 
-def test_the_operator_backward_leaves_out_the_gradients_nobody_needs():
+@pytest.mark.parametrize("needed", [[True, False, False], [False, True, True], [True, True, False]])
+def test_the_operator_backward_computes_only_the_gradients_asked_for(monkeypatch, needed):
     w0, b0 = weights(d_in=128, d_out=96, seed=9)
     x0 = torch.randn(4, 64, 128, generator=torch.Generator().manual_seed(10))
     upstream = torch.randn(4, 64, 96, generator=torch.Generator().manual_seed(11))
-    for needs in ([True, False, False], [False, True, True], [True, True, False]):
-        x, w, b = (t.clone().requires_grad_(n) for t, n in zip((x0, w0, b0), needs, strict=True))
-        want = [torch.autograd.grad((F.linear(x, w, b) * upstream).sum(), t) if n else None
-                for t, n in zip((x, w, b), needs, strict=True)]  # fmt: skip
-        (linear_module._onednn_linear_op(x, w, b) * upstream).sum().backward()
-        for t, n, g in zip((x, w, b), needs, want, strict=True):
-            if n:
-                torch.testing.assert_close(t.grad, g[0], rtol=1e-5, atol=1e-4)
-            else:
-                assert t.grad is None
+    x, w, b = (t.clone().requires_grad_() for t in (x0, w0, b0))
+    want = torch.autograd.grad((F.linear(x, w, b) * upstream).sum(), (x, w, b))
+    got = linear_module._onednn_linear_backward_op(upstream, x0, w0, needed)
+    for n, g, ref in zip(needed, got, want, strict=True):
+        if n:
+            torch.testing.assert_close(g, ref, rtol=1e-5, atol=1e-4)
+        else:
+            assert g.numel() == 0  # never computed
+    torch.library.opcheck(linear_module._onednn_linear_backward_op, (upstream, x0, w0, needed))
+    # through autograd: the backward asks for what autograd needs, and a gradient nobody needs stays None
+    asked = []
+    real = linear_module._onednn_linear_backward_op
+    monkeypatch.setattr(linear_module, "_onednn_linear_backward_op", lambda *a: asked.append(a[-1]) or real(*a))
+    x, w, b = (t.clone().requires_grad_(n) for t, n in zip((x0, w0, b0), needed, strict=True))
+    (linear_module._onednn_linear_op(x, w, b) * upstream).sum().backward()
+    assert asked == [needed]
+    for t, n, ref in zip((x, w, b), needed, want, strict=True):
+        if n:
+            torch.testing.assert_close(t.grad, ref, rtol=1e-5, atol=1e-4)
+        else:
+            assert t.grad is None
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])

@@ -254,3 +254,29 @@ def test_the_trainers_adamw_is_fused_on_a_cpu_and_takes_the_plain_adamw_step():
             assert opt.defaults["fused"] is True
     torch.testing.assert_close(params[0], params[1], rtol=1e-6, atol=1e-6)
     assert not torch.equal(params[0], start)
+
+
+def test_a_run_begun_with_the_unfused_adamw_continues_with_it_exactly(tmp_path, monkeypatch):
+    """Checkpoints from before the fused AdamW: the continuation rebuilds the optimizer they were written
+    with, so it is exact, and fp16's gradient scaler takes the unfused step (a fused optimizer loaded with
+    unfused settings would hand the scaler's arguments to an unfused step, which rejects them)."""
+    import tinydit.train as train_module
+
+    kw = dict(batch_size=8, limit=20)
+    with monkeypatch.context() as m:  # the old trainer: PyTorch's default (unfused) AdamW
+        m.setattr(train_module, "adamw", lambda *a, **k: adamw(*a, **{**k, "fused": False}))
+        straight = Trainer(fast_config(tmp_path / "a", steps=6, **kw), progress=False)
+        straight.fit()
+        Trainer(fast_config(tmp_path / "b", steps=3, **kw), progress=False).fit()
+    resumed = Trainer(fast_config(tmp_path / "b", steps=6, **kw), progress=False)
+    assert not resumed.opt.defaults["fused"] and not resumed.opt.param_groups[0]["fused"]
+    resumed.fit()
+    assert _states_equal(straight.model.state_dict(), resumed.model.state_dict())
+
+    scaler = torch.amp.GradScaler("cpu")  # fp16's scaler (CUDA only in the trainer), on the resumed optimizer
+    for p in resumed.model.parameters():
+        p.grad = torch.ones_like(p)
+    scaler.scale(torch.ones(()))
+    scaler.unscale_(resumed.opt)
+    scaler.step(resumed.opt)
+    scaler.update()

@@ -85,15 +85,15 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     Eager code calls the convolution directly. Compiled code calls it as one opaque operator
     (``tinydit::onednn_linear``, with its own backward), because Inductor would otherwise lay the
     one-pixel-wide image out channels-first, and oneDNN then converts it, in and out, at every call: a
-    compiled fp32 training step of dit-1.9m ran at 0.94x eager that way, 1.2x through the operator
-    (benchmarks/README.md).
+    compiled fp32 training step of dit-1.9m ran at 0.94x eager that way, 1.12x and 1.17x through the
+    operator (``benchmarks/bench_train.py --modes``, two runs; benchmarks/README.md).
     """
     if x.numel() == 0:  # no pixels to convolve
         return F.linear(x, weight, bias)
     if not torch.compiler.is_compiling():
         return _conv_linear(x, weight, bias)
-    if torch.is_autocast_enabled("cpu"):  # a custom operator gets no autocast casts of its own
-        dtype = torch.get_autocast_dtype("cpu")
+    if torch.is_autocast_enabled(x.device.type):  # a custom operator gets no autocast casts of its own
+        dtype = torch.get_autocast_dtype(x.device.type)
         x, weight = x.to(dtype), weight.to(dtype)
         bias = bias.to(dtype) if bias is not None else None
     return _onednn_linear_op(x, weight, bias)

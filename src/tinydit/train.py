@@ -79,15 +79,17 @@ def ensure_writable_dir(path: Path) -> None:
         raise TinyDiTError(f"cannot write to output directory {path} ({err.strerror}); choose another --out") from err
 
 
-def adamw(params, device: torch.device, lr: float, weight_decay: float = 0.0) -> torch.optim.AdamW:
-    """The trainer's AdamW (betas 0.9, 0.99), with PyTorch's fused kernel where it has one (CPU, CUDA).
+def adamw(params, device: torch.device, lr: float, weight_decay: float = 0.0,
+          fused: bool | None = None) -> torch.optim.AdamW:  # fmt: skip
+    """The trainer's AdamW (betas 0.9, 0.99); ``fused`` None: PyTorch's fused kernel where it has one (CPU, CUDA).
 
     Fused, an AdamW step over dit-1.9m's parameters took 0.8 ms on our 2-core CPU instead of 3.2 ms
-    (one loop per parameter tensor, the CPU default): 1% of an fp32 training step, more for smaller
-    models. Both compute the same update; they round differently, so an exact resume needs the same
-    one, and it gets it: the choice depends only on the device.
+    (one loop per parameter tensor, the CPU default): about 1% of an fp32 training step, more for
+    smaller models. Both compute the same update but round differently, so an exact resume needs the
+    same one: the trainer rebuilds the optimizer a checkpoint was written with (``Trainer._restore``).
     """
-    fused = device.type in ("cpu", "cuda")
+    if fused is None:
+        fused = device.type in ("cpu", "cuda")
     return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.99), weight_decay=weight_decay, fused=fused or None)
 
 
@@ -301,6 +303,13 @@ class Trainer:
             )
         self.model.load_state_dict(state["model"])
         self.ema.load_state_dict(state["ema"])
+        # The optimizer the run was written with: a checkpoint from before the fused AdamW continues
+        # unfused, which keeps the resume exact and keeps fp16's gradient scaler on the unfused step
+        # (a fused optimizer merely loaded with unfused settings would take the scaler's fused path).
+        saved_fused = bool(state["optimizer"]["param_groups"][0].get("fused"))
+        if saved_fused != bool(self.opt.defaults["fused"]):
+            fused = saved_fused and self.device.type in ("cpu", "cuda")
+            self.opt = adamw(self.model.parameters(), self.device, self.cfg.lr, self.cfg.weight_decay, fused=fused)
         self.opt.load_state_dict(state["optimizer"])
         if "grad_scaler" in state and self.scaler.is_enabled():
             self.scaler.load_state_dict(state["grad_scaler"])
