@@ -171,6 +171,9 @@ MATMUL_KERNELS = ("aten::mkldnn_convolution", "aten::convolution_backward", "ate
                   "aten::_slow_conv2d_forward", "aten::_slow_conv2d_backward")  # fmt: skip
 ATTENTION_PREFIX = "aten::_scaled_dot_product"  # SDPA's forward and backward kernels
 COMPILED_PREFIX = "## Call CompiledFxGraph"
+# The kinds of work breakdown() reports, as printed.
+MATMULS, SDPA, COMPILED = "matmuls and convolutions (BLAS, oneDNN)", "SDPA kernels", "compiled code (Inductor)"
+REST = "everything else (elementwise, norms, copies, optimizer, Python)"
 
 
 def breakdown(w: Workload, steps: int) -> dict[str, float]:
@@ -180,17 +183,16 @@ def breakdown(w: Workload, steps: int) -> dict[str, float]:
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
             w.step()
-    kinds = ("matmuls and convolutions (BLAS, oneDNN)", "SDPA kernels", "compiled code (Inductor)", "rest")
-    parts = dict.fromkeys(kinds, 0.0)
+    parts = dict.fromkeys((MATMULS, SDPA, COMPILED, REST), 0.0)
     for event in prof.key_averages():
         if event.key in MATMUL_KERNELS:
-            kind = "matmuls and convolutions (BLAS, oneDNN)"
+            kind = MATMULS
         elif event.key.startswith(ATTENTION_PREFIX):
-            kind = "SDPA kernels"
+            kind = SDPA
         elif event.key.startswith(COMPILED_PREFIX):
-            kind = "compiled code (Inductor)"
+            kind = COMPILED
         else:
-            kind = "rest"
+            kind = REST
         parts[kind] += event.self_cpu_time_total / 1e6 / steps
     return parts
 
@@ -377,6 +379,10 @@ def main() -> None:
     header(args, device)
     peak_before = matmul_peak(device, args.precision)
 
+    def peaks_after() -> tuple[tuple[dict[str, float], ...], float]:  # measured again after the model timings
+        peaks = (peak_before, matmul_peak(device, args.precision))
+        return peaks, best_peak(*peaks)
+
     def ours(cfg: DiTConfig) -> Workload:  # TinyDiT as the command line asks
         return tinydit_workload(cfg, args.batch, device, args.precision, args.compile, args.attention, args.linear)
 
@@ -386,8 +392,7 @@ def main() -> None:
         theirs = diffusers_workload(cfg, args.batch, device, args.precision)
         theirs_matmul = diffusers_workload(cfg, args.batch, device, args.precision, matmul_attention=True)
         t_ours, t_theirs, t_theirs_matmul = race([mine, theirs, theirs_matmul], args.steps, args.repeats)
-        peaks = (peak_before, matmul_peak(device, args.precision))
-        peak = best_peak(*peaks)
+        peaks, peak = peaks_after()
         flops = 3 * DiT(cfg).flops_per_image() * args.batch
         print(f"config: {presets[0]} ({args.shape}, {cfg.n_tokens} tokens, dim {cfg.dim}, depth {cfg.depth}, "
               f"{cfg.n_heads} heads, patch {cfg.patch_size}), batch {args.batch}, {args.precision}"
@@ -451,10 +456,9 @@ def main() -> None:
         w = ours(cfg)
         (t_step,) = race([w], args.steps, args.repeats)
         parts = breakdown(w, args.steps * args.repeats)
-        peaks = (peak_before, matmul_peak(device, args.precision))
-        peak = best_peak(*peaks)
+        peaks, peak = peaks_after()
         flops = 3 * w.model.flops_per_image() * args.batch
-        kernels = parts["matmuls and convolutions (BLAS, oneDNN)"] + parts["SDPA kernels"]
+        kernels = parts[MATMULS] + parts[SDPA]
         if not kernels:
             sys.exit(f"no matmul kernel among the profiler's keys: update MATMUL_KERNELS for torch {torch.__version__}")
         total = sum(parts.values())
@@ -467,8 +471,7 @@ def main() -> None:
         print("| part of the step | ms per step | share |")
         print("|---|---|---|")
         for kind, t in parts.items():
-            name = "everything else (elementwise, norms, copies, optimizer, Python)" if kind == "rest" else kind
-            print(f"| {name} | {1000 * t:.1f} | {t / total:.0%} |")
+            print(f"| {kind} | {1000 * t:.1f} | {t / total:.0%} |")
         print()
         print(f"the matmul and attention kernels alone: {1000 * kernels:.0f} ms for {flops / 1e9:.1f} GFLOP, "
               f"{flops / kernels / 1e9:.0f} GFLOP/s")
@@ -484,8 +487,7 @@ def main() -> None:
         title = f"preset ({args.shape})"
     workloads = [ours(cfg) for _, cfg in rows]
     times = race(workloads, args.steps, args.repeats)
-    peaks = (peak_before, matmul_peak(device, args.precision))
-    peak = best_peak(*peaks)
+    peaks, peak = peaks_after()
     print(f"batch {args.batch}, {args.precision}{', compiled' if args.compile else ''}; "
           f"matmul peak {describe_peak(*peaks)}; MFU counts 3 x (2 P B T + 4 depth B T^2 dim) FLOPs per step")
     print()

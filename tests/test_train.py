@@ -257,7 +257,7 @@ def test_the_trainers_adamw_is_fused_on_a_cpu_and_takes_the_plain_adamw_step():
 
 
 def test_a_run_begun_with_the_unfused_adamw_continues_with_it_exactly(tmp_path, monkeypatch):
-    """Checkpoints from before the fused AdamW: the continuation rebuilds the optimizer they were written
+    """Checkpoints from before the fused AdamW: the continuation builds the optimizer they were written
     with, so it is exact, and fp16's gradient scaler takes the unfused step (a fused optimizer loaded with
     unfused settings would hand the scaler's arguments to an unfused step, which rejects them)."""
     import tinydit.train as train_module

@@ -70,12 +70,21 @@ def linear_backend(name: str) -> Iterator[None]:
         _backend = previous
 
 
+def _pixels(x: torch.Tensor) -> torch.Tensor:
+    """(..., D) -> (1, D, M, 1): the M tokens as one image one pixel wide, channels-last (for a contiguous
+    x, x's own memory)."""
+    return x.reshape(1, -1, 1, x.shape[-1]).permute(0, 3, 1, 2)
+
+
+def _tokens(y: torch.Tensor, lead: torch.Size | tuple) -> torch.Tensor:
+    """(1, D, M, 1) -> (*lead, D), the inverse of _pixels; contiguous."""
+    return y.permute(0, 2, 3, 1).reshape(*lead, y.shape[1])
+
+
 def _conv_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """The 1x1 convolution itself, on plain tensors (PyTorch's autograd differentiates it in eager mode)."""
-    *lead, d = x.shape
-    pixels = x.reshape(1, -1, 1, d).permute(0, 3, 1, 2)  # (1, D_in, M, 1), channels-last: x's own memory
-    y = F.conv2d(pixels, weight[:, :, None, None], bias)  # (1, D_out, M, 1), channels-last
-    return y.permute(0, 2, 3, 1).reshape(*lead, weight.shape[0])  # (..., D_out), contiguous
+    y = F.conv2d(_pixels(x), weight[:, :, None, None], bias)  # (1, D_out, M, 1), channels-last
+    return _tokens(y, x.shape[:-1])  # (..., D_out)
 
 
 def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -115,12 +124,11 @@ def _onednn_linear_backward_op(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients for x, weight and bias in one oneDNN call; an empty tensor where ``needed`` is False."""
     d_out, d_in = weight.shape
-    pixels = x.contiguous().reshape(1, -1, 1, d_in).permute(0, 3, 1, 2)  # as in _conv_linear
-    grad_pixels = grad.contiguous().reshape(1, -1, 1, d_out).permute(0, 3, 1, 2)
     gx, gw, gb = torch.ops.aten.convolution_backward(
-        grad_pixels, pixels, weight[:, :, None, None], [d_out], [1, 1], [0, 0], [1, 1], False, [0, 0], 1, needed
-    )
-    gx = gx.permute(0, 2, 3, 1).reshape(x.shape) if needed[0] else x.new_empty(0)
+        _pixels(grad.contiguous()), _pixels(x.contiguous()), weight[:, :, None, None], [d_out], [1, 1], [0, 0],
+        [1, 1], False, [0, 0], 1, needed,
+    )  # fmt: skip
+    gx = _tokens(gx, x.shape[:-1]) if needed[0] else x.new_empty(0)
     gw = gw.reshape(d_out, d_in) if needed[1] else weight.new_empty(0)
     return gx, gw, gb if needed[2] else weight.new_empty(0)
 

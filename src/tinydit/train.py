@@ -86,7 +86,7 @@ def adamw(params, device: torch.device, lr: float, weight_decay: float = 0.0,
     Fused, an AdamW step over dit-1.9m's parameters took 0.8 ms on our 2-core CPU instead of 3.2 ms
     (one loop per parameter tensor, the CPU default): about 1% of an fp32 training step, more for
     smaller models. Both compute the same update but round differently, so an exact resume needs the
-    same one: the trainer rebuilds the optimizer a checkpoint was written with (``Trainer._restore``).
+    same one: a continued run keeps the one its checkpoint was written with (``Trainer``).
     """
     if fused is None:
         fused = device.type in ("cpu", "cuda")
@@ -213,7 +213,12 @@ class Trainer:
         if self.teacher_state is not None and state is None:
             distill.init_student(self.model, self.teacher_state["ema"])
         self.ema = copy.deepcopy(self.model).requires_grad_(False).eval()
-        self.opt = adamw(self.model.parameters(), self.device, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        # A continued run also keeps the optimizer it was written with: a checkpoint from before the fused
+        # AdamW continues unfused, which keeps the resume exact and keeps fp16's gradient scaler on the
+        # unfused step (a fused optimizer merely loaded with unfused settings takes the scaler's fused path).
+        unfused = state is not None and not state["optimizer"]["param_groups"][0].get("fused")
+        fused = False if unfused else None  # None: the device's fused kernel where it has one
+        self.opt = adamw(self.model.parameters(), self.device, cfg.lr, cfg.weight_decay, fused=fused)
         self.scaler = make_grad_scaler(self.device, self.precision)
         self.bin_loss = torch.zeros(N_T_BINS, device=self.device)  # training loss summed per bin of t
         self.bin_count = torch.zeros(N_T_BINS, device=self.device)
@@ -303,13 +308,6 @@ class Trainer:
             )
         self.model.load_state_dict(state["model"])
         self.ema.load_state_dict(state["ema"])
-        # The optimizer the run was written with: a checkpoint from before the fused AdamW continues
-        # unfused, which keeps the resume exact and keeps fp16's gradient scaler on the unfused step
-        # (a fused optimizer merely loaded with unfused settings would take the scaler's fused path).
-        saved_fused = bool(state["optimizer"]["param_groups"][0].get("fused"))
-        if saved_fused != bool(self.opt.defaults["fused"]):
-            fused = saved_fused and self.device.type in ("cpu", "cuda")
-            self.opt = adamw(self.model.parameters(), self.device, self.cfg.lr, self.cfg.weight_decay, fused=fused)
         self.opt.load_state_dict(state["optimizer"])
         if "grad_scaler" in state and self.scaler.is_enabled():
             self.scaler.load_state_dict(state["grad_scaler"])
