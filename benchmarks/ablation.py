@@ -25,10 +25,10 @@ from bench_train import header, race, tinydit_workload
 
 from tinydit.config import TrainConfig
 from tinydit.data import load_dataset
-from tinydit.evaluate import evaluate, generate_for_eval
-from tinydit.model import SWITCHES, get_preset
-from tinydit.runtime import resolve_precision
-from tinydit.train import Trainer, resolve_device
+from tinydit.eval.evaluate import evaluate, generate_for_eval
+from tinydit.models.dit import SWITCHES, get_preset
+from tinydit.runtime import resolve_device, resolve_precision
+from tinydit.train import Trainer
 
 
 def main() -> None:

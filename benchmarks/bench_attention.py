@@ -1,4 +1,4 @@
-"""The two attention kernels of ``tinydit.attention``, timed against each other on this machine.
+"""The two attention kernels of ``tinydit.models.attention``, timed against each other on this machine.
 
     python benchmarks/bench_attention.py              # the table in benchmarks/README.md
     python benchmarks/bench_attention.py --device cuda
@@ -21,8 +21,8 @@ from collections.abc import Callable
 
 import torch
 
-from tinydit.attention import attention, attention_backend, resolve_backend
-from tinydit.train import resolve_device
+from tinydit.models.attention import attention, attention_backend, resolve_backend
+from tinydit.runtime import resolve_device
 
 SHAPES = [(128, 4, 64, 32), (128, 4, 49, 32), (128, 4, 64, 64), (64, 4, 128, 32), (32, 6, 256, 64)]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

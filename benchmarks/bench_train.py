@@ -48,18 +48,18 @@ from dataclasses import replace
 
 import torch
 
-from tinydit.attention import BACKENDS, attention_backend, resolve_backend
 from tinydit.config import TrainConfig
-from tinydit.distill import KNOTS, distill_loss
 from tinydit.flow import flow_loss
-from tinydit.linear import BACKENDS as LINEAR_BACKENDS
-from tinydit.linear import linear_backend, onednn_linear
-from tinydit.linear import resolve_backend as resolve_linear
-from tinydit.model import PRESETS, SWITCHES, DiT, DiTConfig, count_params, get_preset
-from tinydit.runtime import autocast, cpu_has_native_bf16, maybe_compile
-from tinydit.sampling import euler_sample, sample_path
-from tinydit.shortcut import shortcut_loss
-from tinydit.train import adamw, ema_update, resolve_device
+from tinydit.flow.distill import KNOTS, distill_loss
+from tinydit.flow.samplers import euler_sample, sample_path
+from tinydit.flow.shortcut import shortcut_loss
+from tinydit.models.attention import BACKENDS, attention_backend, resolve_backend
+from tinydit.models.dit import PRESETS, SWITCHES, DiT, DiTConfig, count_params, get_preset
+from tinydit.models.linear import BACKENDS as LINEAR_BACKENDS
+from tinydit.models.linear import linear_backend, onednn_linear
+from tinydit.models.linear import resolve_backend as resolve_linear
+from tinydit.runtime import autocast, cpu_has_native_bf16, maybe_compile, resolve_device
+from tinydit.train.optim import adamw, ema_update
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -73,7 +73,7 @@ def matmul_peak(device: torch.device, precision: str) -> dict[str, float]:
     """Best FLOP/s of one square matmul over a few sizes, per library: the machine's practical peak.
 
     On a CPU PyTorch has two: ``torch.mm`` goes to its BLAS (MKL in the x86 wheels), and a 1x1
-    convolution to oneDNN (``tinydit.linear.onednn_linear``). On our AMD EPYC, MKL ran at half of
+    convolution to oneDNN (``tinydit.models.linear.onednn_linear``). On our AMD EPYC, MKL ran at half of
     oneDNN's rate in fp32, so the peak that MFU divides by is the better of the two.
     """
     dtype = DTYPES[precision]
@@ -120,8 +120,8 @@ class Workload:
         # distillation student (also a step-size model) is set to "distill" by its caller.
         self.objective = "shortcut" if getattr(cfg, "shortcut", False) else "flow"
         self.forward, self.device, self.precision = forward, device, precision
-        self.attention = "auto"  # TinyDiT's attention kernel (tinydit.attention); diffusers' models ignore it
-        self.linear = "auto"  # TinyDiT's token linears (tinydit.linear); diffusers' nn.Linear ignores it
+        self.attention = "auto"  # TinyDiT's attention kernel (tinydit.models.attention); diffusers' models ignore it
+        self.linear = "auto"  # TinyDiT's token linears (tinydit.models.linear); diffusers' nn.Linear ignores it
         self.ema = copy.deepcopy(model).requires_grad_(False)
         self.opt = adamw(model.parameters(), device, lr=1e-4)  # the trainer's optimizer, for every model raced
         g = torch.Generator().manual_seed(0)
@@ -199,7 +199,7 @@ def breakdown(w: Workload, steps: int) -> dict[str, float]:
 
 def teacher_path_rate(w: Workload, n: int = 500) -> tuple[float, int]:
     """Teacher paths per second, and model evaluations per path: ``n`` paths in one batch, sampled with
-    the ``--few-step distill`` defaults as ``tinydit.distill.teacher_paths`` samples them."""
+    the ``--few-step distill`` defaults as ``tinydit.flow.distill.teacher_paths`` samples them."""
     d = TrainConfig  # the --few-step distill defaults
     noise = torch.randn(n, w.cfg.in_channels, w.cfg.img_size, w.cfg.img_size, device=w.device)
     y = torch.arange(n, device=w.device) % w.cfg.n_classes
@@ -326,7 +326,7 @@ def peak_memory_mb(cfg: DiTConfig, batch: int, device: torch.device, precision: 
 
 
 def picked_linear(args: argparse.Namespace, device: torch.device) -> str:
-    """The kernel of TinyDiT's token linears: the forced one, or what ``auto`` picks here (tinydit.linear)."""
+    """The kernel of TinyDiT's token linears: the forced one, or what ``auto`` picks here (tinydit.models.linear)."""
     if args.linear != "auto":
         return args.linear
     with autocast(device, args.precision):
@@ -363,9 +363,9 @@ def main() -> None:
     parser.add_argument("--precision", default="fp32", choices=list(DTYPES))
     parser.add_argument("--compile", action="store_true", help="torch.compile TinyDiT's forward")
     parser.add_argument("--linear", default="auto", choices=LINEAR_BACKENDS,
-                        help="TinyDiT's token-linear kernel (tinydit.linear; auto: as the trainer picks)")
+                        help="TinyDiT's token-linear kernel (tinydit.models.linear; auto: as the trainer picks)")
     parser.add_argument("--attention", default="auto", choices=BACKENDS,
-                        help="TinyDiT's attention kernel (tinydit.attention; auto: as the trainer picks)")
+                        help="TinyDiT's attention kernel (tinydit.models.attention; auto: as the trainer picks)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--switches", action="store_true", help="one row per architecture switch")
     mode.add_argument("--modes", action="store_true", help="fp32/bf16 x eager/compiled for one preset")

@@ -15,7 +15,7 @@ at the same parameter count and the same CPU-time budget, scored by prompt adher
    "red triangle" and every "blue circle"), then each EMA model draws the same prompts from the same
    noise: ``--n-seen`` images over the seen combinations, ``--n-held-out`` over the held-out ones
    (``--sampler``, Euler by default, ``--steps`` steps, guidance ``--cfg``), scored with the shapes pixel reader
-   (tinydit.adherence): accuracy per attribute and for all three at once.
+   (tinydit.eval.adherence): accuracy per attribute and for all three at once.
 
 Writes OUT/text_to_image.json and OUT/text_to_image.md (machine, command, parameter counts, steps,
 losses, the adherence table), and prints the table. Each run directory keeps its checkpoint and a
@@ -35,13 +35,13 @@ from pathlib import Path
 
 from bench_train import Workload, header, race
 
-from tinydit.adherence import GROUPS, confusion_table, markdown_table, measure
-from tinydit.checkpoint import load_model, tokenizer_of
 from tinydit.config import SHAPES_HOLDOUT, TrainConfig
-from tinydit.model import count_params
-from tinydit.runtime import resolve_precision
-from tinydit.text import parse_phrases
-from tinydit.train import Trainer, resolve_device
+from tinydit.data.text import parse_phrases, tokenizer_of
+from tinydit.eval.adherence import GROUPS, confusion_table, markdown_table, measure
+from tinydit.models.checkpoint import load_model
+from tinydit.models.dit import count_params
+from tinydit.runtime import resolve_device, resolve_precision
+from tinydit.train import Trainer
 
 
 def main() -> None:
@@ -141,7 +141,7 @@ def main() -> None:
         f"{args.minutes:g} min of training each ({precision}, batch {args.batch}, lr {args.lr:g}); held out of "
         f"training: {', '.join(holdout) or 'nothing'}. Samples: EMA weights, {args.sampler} {args.steps} steps, "
         f"guidance {args.cfg:g}, the same prompts and noise for both models; read back with "
-        "tinydit.shapes.read_shape.", "",
+        "tinydit.data.shapes.read_shape.", "",
         "| model | preset | parameters | train img/s | steps | EMA val loss |", "|---|---|---|---|---|---|",
         *(f"| {name} | {r['preset']} | {r['params']:,} | {r['img_per_s']:.0f} | {r['steps']} | "
           f"{r['val_loss_ema']:.4f} |" for name, r in results.items()),

@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 
 from tinydit.data import ImageFolderDataset, get_fashion_mnist, make_loader
+from tinydit.data.shapes import ShapesDataset
 from tinydit.errors import TinyDiTError
 from tinydit.images import save_grid, save_image
-from tinydit.shapes import ShapesDataset
 
 
 def main() -> None:

@@ -12,8 +12,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from tinydit.checkpoint import load_checkpoint, save_checkpoint
-from tinydit.shapes import ShapesDataset
+from tinydit.data.shapes import ShapesDataset
+from tinydit.models.checkpoint import load_checkpoint
+from tinydit.train.checkpoint import save_checkpoint
 
 
 class Classifier(nn.Module):

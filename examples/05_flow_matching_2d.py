@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from tinydit.flow import flow_loss
-from tinydit.sampling import euler_sample
+from tinydit.flow.samplers import euler_sample
 
 
 class VelocityMLP(nn.Module):

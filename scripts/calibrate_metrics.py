@@ -15,8 +15,8 @@ import sys
 import torch
 
 from tinydit.data import load_dataset
-from tinydit.evaluate import add_noise, blur, evaluate, to_eval_images
-from tinydit.features import FEATURE_NETS
+from tinydit.eval.evaluate import add_noise, blur, evaluate, to_eval_images
+from tinydit.eval.features import FEATURE_NETS
 
 
 def main() -> None:

@@ -18,16 +18,16 @@ import numpy as np
 import torch
 
 from tinydit.config import TrainConfig
-from tinydit.features import extract, load_feature_net
+from tinydit.data.shapes import _PALETTE, SHAPES, read_shape
+from tinydit.eval.features import extract, load_feature_net
+from tinydit.flow.generate import class_cycle, generate
 from tinydit.images import save_grid, to_uint8
-from tinydit.sampling import class_cycle, generate
-from tinydit.shapes import _PALETTE, SHAPES, read_shape
 from tinydit.train import Trainer
 
 
 def make_variant(n_colors: int | None, fixed_bg: str | None, size: str | None, jitter: float = 1.0):
     """A simpler shapes variant for experiments: fewer colours, one background, one size class."""
-    from tinydit import shapes as S
+    from tinydit.data import shapes as S
 
     names = list(S._COLOR_NAMES)
     fg_names = [c for c in names if c != fixed_bg][: n_colors or len(names)]
@@ -85,7 +85,7 @@ def loss_by_t(model, val, ts=(0.3, 0.5, 0.7, 0.8, 0.9, 0.95), n: int = 256) -> d
 @torch.no_grad()
 def shifted_sample(model, y: torch.Tensor, steps: int, shift: float, cfg_scale: float, seed: int = 0) -> torch.Tensor:
     """Euler on a time grid warped towards noise, t' = s t / (1 + (s - 1) t) (the same warp as training)."""
-    from tinydit.sampling import guided_velocity
+    from tinydit.flow.guidance import guided_velocity
 
     c = model.config
     x = torch.randn(len(y), c.in_channels, c.img_size, c.img_size, generator=torch.Generator().manual_seed(seed))
@@ -141,7 +141,7 @@ def main() -> None:
     args = p.parse_args()
     trunk = {k: v for k, v in (("patch_size", args.patch_size), ("dim", args.dim), ("depth", args.depth)) if v}
     if trunk:  # a probe-only preset: the chosen one with a different trunk
-        from tinydit.model import PRESETS
+        from tinydit.models.dit import PRESETS
 
         PRESETS["probe"] = {**PRESETS[args.preset], **trunk}
         args.preset = "probe"

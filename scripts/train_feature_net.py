@@ -16,8 +16,8 @@ import time
 import torch
 
 from tinydit.data import load_dataset
-from tinydit.evaluate import eval_spec, to_eval_images
-from tinydit.features import ASSETS, FEATURE_NETS, extract, file_sha256, train_feature_net
+from tinydit.eval.evaluate import eval_spec, to_eval_images
+from tinydit.eval.features import ASSETS, FEATURE_NETS, extract, file_sha256, train_feature_net
 
 
 def main() -> None:

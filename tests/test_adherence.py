@@ -1,7 +1,7 @@
 import torch
 
-from tinydit.adherence import confusion_table, score, shape_confusion
-from tinydit.shapes import SHAPES, render_shape
+from tinydit.data.shapes import SHAPES, render_shape
+from tinydit.eval.adherence import confusion_table, score, shape_confusion
 
 
 def _render(attrs: list[dict]) -> torch.Tensor:

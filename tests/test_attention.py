@@ -4,10 +4,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import tinydit.attention as attention_module
-from tinydit.attention import BACKENDS, attention, attention_backend, matmul_attention, resolve_backend
+import tinydit.models.attention as attention_module
 from tinydit.errors import TinyDiTError
-from tinydit.model import Attention, DiT, DiTConfig
+from tinydit.models.attention import BACKENDS, attention, attention_backend, matmul_attention, resolve_backend
+from tinydit.models.dit import Attention, DiT, DiTConfig
 
 
 def reference(q, k, v, mask=None):

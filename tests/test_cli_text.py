@@ -54,7 +54,7 @@ def test_an_unknown_word_is_one_warning_line_naming_it(text_run, tmp_path, capsy
 
 def test_class_and_text_options_on_the_wrong_model_are_clear_errors(text_run, tiny_run, tmp_path, capsys):
     code, err = run(["sample", "--checkpoint", text_run, "--class", "circle", "--out", tmp_path / "x.png"], capsys)
-    assert code == 2 and "is a text-to-image model: use --prompt TEXT, not --class" in err
+    assert code == 2 and "is a text-to-image model: use --prompt, not --class" in err
     code, err = run(["sample", "--checkpoint", tiny_run[0] / "checkpoint.pt", "--prompt", "a red circle", "--out",
                      tmp_path / "x.png"], capsys)  # fmt: skip
     assert code == 2 and "is class-conditional (classes: circle, square, triangle, cross): use --class" in err

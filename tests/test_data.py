@@ -142,7 +142,7 @@ def test_cifar10_missing_offline_is_a_clear_error(tmp_path):
 
 
 def test_fashion_mnist_missing_is_a_clear_error(tmp_path, monkeypatch):
-    monkeypatch.setattr("tinydit.data.DEBIAN_FASHION_MNIST", tmp_path / "nowhere")
+    monkeypatch.setattr("tinydit.data.datasets.DEBIAN_FASHION_MNIST", tmp_path / "nowhere")
     with pytest.raises(TinyDiTError, match="Fashion-MNIST is not in"):
         get_fashion_mnist(tmp_path, download=False)
 
@@ -151,7 +151,7 @@ def test_fashion_mnist_reads_idx_files_from_root(tmp_path, monkeypatch):
     import gzip
     import struct
 
-    monkeypatch.setattr("tinydit.data.DEBIAN_FASHION_MNIST", tmp_path / "nowhere")
+    monkeypatch.setattr("tinydit.data.datasets.DEBIAN_FASHION_MNIST", tmp_path / "nowhere")
     imgs = np.arange(3 * 28 * 28, dtype=np.uint64).astype(np.uint8).reshape(3, 28, 28)
     with gzip.open(tmp_path / "t10k-images-idx3-ubyte.gz", "wb") as f:
         f.write(struct.pack(">HBB3I", 0, 8, 3, 3, 28, 28) + imgs.tobytes())

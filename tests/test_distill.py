@@ -4,13 +4,13 @@ import pytest
 import torch
 from conftest import fast_config
 
-from tinydit.checkpoint import load_model
 from tinydit.cli import main
 from tinydit.config import TrainConfig
-from tinydit.distill import KNOTS, STUDENT_STEPS, distill_loss, distill_losses_by_steps, init_student
 from tinydit.errors import TinyDiTError
-from tinydit.model import DiT, DiTConfig
-from tinydit.sampling import sample, sample_path
+from tinydit.flow.distill import KNOTS, STUDENT_STEPS, distill_loss, distill_losses_by_steps, init_student
+from tinydit.flow.samplers import sample, sample_path
+from tinydit.models.checkpoint import load_model
+from tinydit.models.dit import DiT, DiTConfig
 from tinydit.train import Trainer
 
 TINY = dict(img_size=8, in_channels=1, patch_size=4, dim=32, depth=1, n_heads=2, n_classes=3)
@@ -79,11 +79,11 @@ def test_the_student_starts_as_the_teacher_for_every_step_size():
 
 
 def test_distill_settings_are_checked_before_any_work(tmp_path, teacher):
-    with pytest.raises(TinyDiTError, match="--teacher"):
+    with pytest.raises(TinyDiTError, match="`teacher`"):
         TrainConfig(few_step="distill")
     with pytest.raises(TinyDiTError, match="multiple of 8"):
         TrainConfig(few_step="distill", teacher=str(teacher), teacher_steps=12)
-    with pytest.raises(TinyDiTError, match="only used with --few-step distill"):
+    with pytest.raises(TinyDiTError, match="only used with `few_step` distill"):
         TrainConfig(teacher=str(teacher))
     with pytest.raises(TinyDiTError, match="copies the teacher's architecture"):
         TrainConfig(few_step="distill", teacher=str(teacher), mlp="gelu")

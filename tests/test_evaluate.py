@@ -9,7 +9,7 @@ from conftest import fashion_mnist_available
 from tinydit.cli import main
 from tinydit.data import load_dataset
 from tinydit.errors import TinyDiTError
-from tinydit.evaluate import (
+from tinydit.eval.evaluate import (
     _OfflineExtractor,
     add_noise,
     blur,
@@ -18,7 +18,7 @@ from tinydit.evaluate import (
     reference_features,
     to_eval_images,
 )
-from tinydit.features import extract, load_feature_net
+from tinydit.eval.features import extract, load_feature_net
 
 HAS_FMNIST = fashion_mnist_available()
 
@@ -60,8 +60,8 @@ def test_metrics_worsen_monotonically_with_blur_and_noise(data, eval_cache):
 def test_reference_cache_is_reused_and_invalidated_when_weights_change(tmp_path, monkeypatch):
     import shutil
 
-    import tinydit.evaluate as ev
-    import tinydit.features as features
+    import tinydit.eval.evaluate as ev
+    import tinydit.eval.features as features
 
     calls = []
     real_reference_images = ev.reference_images
@@ -94,7 +94,7 @@ def test_reference_cache_is_reused_and_invalidated_when_weights_change(tmp_path,
 def test_a_tampered_feature_net_is_refused(tmp_path, monkeypatch):
     import shutil
 
-    import tinydit.features as features
+    import tinydit.eval.features as features
 
     shutil.copytree(features.ASSETS, tmp_path / "assets")
     with open(tmp_path / "assets" / "shapes_cnn.pt", "ab") as f:
@@ -176,7 +176,7 @@ def test_eval_cli_errors(tmp_path, capsys, monkeypatch):
     code = main(["eval", "--samples", str(tmp_path / "few.npz"), "--data", "shapes", "--out", str(tmp_path / "o"),
                  "--cache-dir", str(tmp_path / "c")])  # fmt: skip
     assert code == 2 and "too few" in capsys.readouterr().err
-    monkeypatch.setattr("tinydit.data.DEBIAN_FASHION_MNIST", tmp_path / "nowhere")
+    monkeypatch.setattr("tinydit.data.datasets.DEBIAN_FASHION_MNIST", tmp_path / "nowhere")
     np.savez(tmp_path / "ok.npz", images=np.zeros((20, 1, 28, 28), np.uint8))
     code = main(["eval", "--samples", str(tmp_path / "ok.npz"), "--data", "fashion-mnist", "--data-root",
                  str(tmp_path / "empty"), "--out", str(tmp_path / "o"),
@@ -228,7 +228,7 @@ def test_inception_fid_with_local_weights_and_clear_error_offline(tmp_path, monk
     torch.save({"payload": Fraction(1, 2)}, tmp_path / "pickled.pth")  # arbitrary pickled objects: refused
     with pytest.raises(TinyDiTError, match="not a plain state dict"):
         evaluate(ref.images, None, "shapes", inception_weights=tmp_path / "pickled.pth")
-    from tinydit.inception import InceptionFeatures
+    from tinydit.eval.inception import InceptionFeatures
 
     # Nothing cached and the download refused (a closed local port stands in for being offline).
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "hub"))

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tinydit.checkpoint import load_model
-from tinydit.sampling import generate
+from tinydit.flow.generate import generate
+from tinydit.models.checkpoint import load_model
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SAMPLERS = {"euler": {}, "heun": {"cfg_interval": (0.1, 0.8)}, "ancestral": {}}

@@ -5,10 +5,13 @@ import pytest
 import torch
 from torch import nn
 
+from tinydit.api import resolve_labels
 from tinydit.errors import TinyDiTError
 from tinydit.flow import flow_loss, interpolate, velocity_target
-from tinydit.model import DiT, DiTConfig
-from tinydit.sampling import class_cycle, euler_sample, generate, guided_velocity, resolve_labels, time_grid
+from tinydit.flow.generate import class_cycle, generate
+from tinydit.flow.guidance import guided_velocity
+from tinydit.flow.samplers import euler_sample, time_grid
+from tinydit.models.dit import DiT, DiTConfig
 
 
 class Field(nn.Module):
@@ -23,6 +26,9 @@ class Field(nn.Module):
     def forward(self, x, t, y):
         self.calls += 1
         return self.fn(x, t, y)
+
+    def null_condition(self, y):
+        return torch.full_like(y, self.config.n_classes)  # the null label, as DiT.null_condition
 
 
 def test_path_endpoints_follow_the_time_convention():
@@ -83,11 +89,11 @@ def test_guidance_scale_one_is_the_conditional_prediction_with_one_evaluation():
     for p in model.parameters():
         p.data.add_(0.05 * torch.randn_like(p))
     x, t, y = torch.randn(2, 3, 32, 32), torch.rand(2), torch.tensor([0, 2])
-    v, evals = guided_velocity(model, x, t, y, 1.0, null_class=3)
+    v, evals = guided_velocity(model, x, t, y, 1.0)
     assert evals == 1 and torch.equal(v, model(x, t, y))
-    v0, evals = guided_velocity(model, x, t, y, 0.0, null_class=3)
+    v0, evals = guided_velocity(model, x, t, y, 0.0)
     assert evals == 2 and torch.allclose(v0, model(x, t, torch.tensor([3, 3])), atol=1e-5)
-    v3, _ = guided_velocity(model, x, t, y, 3.0, null_class=3)
+    v3, _ = guided_velocity(model, x, t, y, 3.0)
     cond, uncond = model(x, t, y), model(x, t, torch.tensor([3, 3]))
     assert torch.allclose(v3, uncond + 3 * (cond - uncond), atol=1e-5)
 
@@ -111,7 +117,7 @@ def test_same_seed_same_samples_different_seed_different():
     assert not torch.allclose(a, c)
 
 
-@pytest.mark.parametrize("steps, cfg, match", [(0, 1.0, "steps must be >= 1"), (4, -1.0, "guidance scale")])
+@pytest.mark.parametrize("steps, cfg, match", [(0, 1.0, "`steps` must be >= 1"), (4, -1.0, "guidance scale")])
 def test_bad_sampler_arguments(steps, cfg, match):
     field = Field(lambda x, t, y: x)
     with pytest.raises(TinyDiTError, match=match):

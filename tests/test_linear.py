@@ -5,10 +5,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import tinydit.linear as linear_module
+import tinydit.models.linear as linear_module
 from tinydit.errors import TinyDiTError
-from tinydit.linear import TokenLinear, linear_backend, onednn_is_faster, onednn_linear, resolve_backend
-from tinydit.model import DiT, DiTConfig
+from tinydit.models.dit import DiT, DiTConfig
+from tinydit.models.linear import TokenLinear, linear_backend, onednn_is_faster, onednn_linear, resolve_backend
 from tinydit.runtime import maybe_compile
 
 

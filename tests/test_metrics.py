@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tinydit.errors import TinyDiTError
-from tinydit.metrics import feature_stats, fid_from_features, frechet_distance, kid, precision_recall
+from tinydit.eval.metrics import feature_stats, fid_from_features, frechet_distance, kid, precision_recall
 
 
 def test_frechet_distance_matches_closed_form_for_diagonal_gaussians():

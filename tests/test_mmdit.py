@@ -9,12 +9,13 @@ import pytest
 import torch
 from conftest import dead_parameters_after_sgd
 
+from tinydit.data.text import BOS, PAD, empty_like
 from tinydit.errors import TinyDiTError
-from tinydit.mmdit import PRESETS, MMDiT, MMDiTConfig, get_preset, joint_attention
-from tinydit.model import Attention, DiT, DiTConfig, count_params, rope_2d
-from tinydit.model import get_preset as get_dit_preset
-from tinydit.sampling import euler_sample, guided_velocity, null_condition
-from tinydit.text import BOS, PAD, empty_like
+from tinydit.flow.guidance import guided_velocity, null_condition
+from tinydit.flow.samplers import euler_sample
+from tinydit.models.dit import Attention, DiT, DiTConfig, count_params, rope_2d
+from tinydit.models.dit import get_preset as get_dit_preset
+from tinydit.models.mmdit import PRESETS, MMDiT, MMDiTConfig, get_preset, joint_attention
 
 TEXT = dict(vocab_size=12, text_len=6)
 BASE = MMDiTConfig(dim=32, depth=2, n_heads=2, text_depth=1, **TEXT)

@@ -8,22 +8,20 @@ import torch.nn.functional as F
 from conftest import dead_parameters_after_sgd
 
 from tinydit.errors import TinyDiTError
-from tinydit.model import (
+from tinydit.models.dit import (
     PRESETS,
     SWITCHES,
     Attention,
     DiT,
     DiTConfig,
-    SwiGLU,
-    apply_rope,
     count_params,
     get_preset,
     make_norm,
     norm_modulate,
     rope_2d,
     sincos_2d,
-    swiglu_hidden,
 )
+from tinydit.models.layers import SwiGLU, apply_rope, swiglu_hidden
 
 SMALL = [
     DiTConfig(dim=32, depth=2, n_heads=2),

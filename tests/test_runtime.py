@@ -4,11 +4,11 @@ import pytest
 import torch
 from conftest import fast_config
 
-from tinydit.checkpoint import load_checkpoint, load_model, unwrap
 from tinydit.errors import TinyDiTError
-from tinydit.model import DiTConfig
+from tinydit.flow.samplers import euler_sample
+from tinydit.models.checkpoint import load_checkpoint, load_model, unwrap
+from tinydit.models.dit import DiTConfig
 from tinydit.runtime import autocast, resolve_compile, resolve_precision
-from tinydit.sampling import euler_sample
 from tinydit.train import Trainer
 
 CPU = torch.device("cpu")

@@ -9,14 +9,14 @@ import torch
 from torch import nn
 
 from tinydit.errors import TinyDiTError
-from tinydit.grids import GRIDS, shifted_grid, time_grid, uniform_grid
-from tinydit.sampling import (
+from tinydit.flow.generate import generate
+from tinydit.flow.grids import GRIDS, shifted_grid, time_grid, uniform_grid
+from tinydit.flow.samplers import (
     SAMPLERS,
     ancestral_sample,
     check_sampler_args,
     dopri5_sample,
     euler_sample,
-    generate,
     heun_first_sample,
     heun_sample,
     sample,
@@ -42,6 +42,9 @@ class Field(nn.Module):
         assert x.shape[0] == t.shape[0] == y.shape[0] and bool((t == t[0]).all())  # one time per batch
         self.batches.append(x.shape[0])
         return self.fn(x, t, y)
+
+    def null_condition(self, y):
+        return torch.full_like(y, self.config.n_classes)  # the null label, as DiT.null_condition
 
 
 def exp_field(a=1.0):
@@ -241,19 +244,19 @@ def test_generate_batches_and_reports_nfe():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(steps=0), "--steps must be >= 1"),
-    (dict(cfg_scale=-1.0), "--cfg .*must be >= 0"),
-    (dict(cfg_scale=float("nan")), "--cfg .*must be >= 0"),
+    (dict(steps=0), "`steps` must be >= 1"),
+    (dict(cfg_scale=-1.0), "`cfg_scale` .*must be >= 0"),
+    (dict(cfg_scale=float("nan")), "`cfg_scale` .*must be >= 0"),
     (dict(sampler="rk4"), "unknown sampler 'rk4': use one of euler, heun, midpoint, dopri5"),
     (dict(grid="karras"), "unknown time grid 'karras': use one of uniform, shifted"),
-    (dict(shift=3.0), "--shift applies to the shifted grid only"),
-    (dict(grid="shifted", shift=0.0), "--shift must be a positive number"),
-    (dict(cfg_interval=(0.8, 0.2)), "--cfg-interval LO HI needs 0 <= LO <= HI <= 1"),
-    (dict(cfg_interval=(-0.1, 0.5)), "--cfg-interval"),
-    (dict(rtol=1e-3), "--rtol applies to the adaptive sampler only"),
-    (dict(sampler="dopri5", atol=0.0), "--atol must be a positive number"),
-    (dict(eta=0.5), "--eta applies to the stochastic sampler only"),
-    (dict(sampler="ancestral", eta=1.5), "--eta must be in \\[0, 1\\]"),
+    (dict(shift=3.0), "`shift` applies to the shifted grid only"),
+    (dict(grid="shifted", shift=0.0), "`shift` must be a positive number"),
+    (dict(cfg_interval=(0.8, 0.2)), "`cfg_interval` LO HI needs 0 <= LO <= HI <= 1"),
+    (dict(cfg_interval=(-0.1, 0.5)), "`cfg_interval`"),
+    (dict(rtol=1e-3), "`rtol` applies to the adaptive sampler only"),
+    (dict(sampler="dopri5", atol=0.0), "`atol` must be a positive number"),
+    (dict(eta=0.5), "`eta` applies to the stochastic sampler only"),
+    (dict(sampler="ancestral", eta=1.5), "`eta` must be in \\[0, 1\\]"),
 ])  # fmt: skip
 def test_bad_sampler_arguments_are_clear_errors(kwargs, match):
     args = {"steps": 4, "cfg_scale": 1.0, **kwargs}

@@ -1,4 +1,4 @@
-"""Tests for the built-in procedural ``shapes`` dataset (tinydit.shapes)."""
+"""Tests for the built-in procedural ``shapes`` dataset (tinydit.data.shapes)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from tinydit.shapes import (
+from tinydit.data.shapes import (
     COLORS,
     SHAPES,
     SIZES,

@@ -6,11 +6,11 @@ import pytest
 import torch
 from conftest import fast_config
 
-from tinydit.checkpoint import load_model
 from tinydit.cli import main
-from tinydit.model import DiT, DiTConfig
-from tinydit.sampling import euler_sample, heun_sample
-from tinydit.shortcut import LEVELS, shortcut_loss
+from tinydit.flow.samplers import euler_sample, heun_sample
+from tinydit.flow.shortcut import LEVELS, shortcut_loss
+from tinydit.models.checkpoint import load_model
+from tinydit.models.dit import DiT, DiTConfig
 from tinydit.train import Trainer
 
 CFG = DiTConfig(dim=32, depth=1, n_heads=2, shortcut=True)
@@ -40,6 +40,9 @@ class Spy(torch.nn.Module):
     def forward(self, x, t, y, d=None):
         self.calls.append((t.clone(), None if d is None else d.clone(), torch.is_grad_enabled(), x.shape[0]))
         return self.value * torch.ones_like(x)
+
+    def null_condition(self, y):
+        return torch.full_like(y, self.config.n_classes)  # the null label, as DiT.null_condition
 
 
 def test_self_consistency_targets_two_half_steps_and_trains_the_double_step():

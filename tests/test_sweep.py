@@ -4,10 +4,10 @@ import json
 import pytest
 from PIL import Image
 
-from tinydit.cli import main
+from tinydit.cli import main, parse_list
 from tinydit.errors import TinyDiTError
-from tinydit.plot import line_plot, nice_ticks
-from tinydit.sweep import parse_list, sweep_points
+from tinydit.eval.plot import line_plot
+from tinydit.eval.sweep import sweep_points
 
 
 def test_points_cover_every_combination_and_dopri5_runs_over_tolerances():
@@ -24,7 +24,6 @@ def test_points_cover_every_combination_and_dopri5_runs_over_tolerances():
 
 
 def test_line_plot_draws_every_series(tmp_path):
-    assert nice_ticks(0.0, 9.0) == [0, 2, 4, 6, 8, 10]
     path = line_plot([("a", [4, 8, 16], [30.0, 10.0, 5.0]), ("b", [8, 16], [2.0, float("nan")])], tmp_path / "p.png",
                      title="t", xlabel="nfe", ylabel="fid")  # fmt: skip
     img = Image.open(path).convert("RGB")
@@ -33,7 +32,7 @@ def test_line_plot_draws_every_series(tmp_path):
 
 
 def test_plot_lines_run_in_order_of_evaluations_and_the_table_in_sweep_order(tmp_path, monkeypatch):
-    import tinydit.sweep as sweep
+    import tinydit.eval.sweep as sweep
 
     drawn = []
     monkeypatch.setattr(sweep, "line_plot", lambda series, path, **kw: drawn.extend(series))

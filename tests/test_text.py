@@ -10,20 +10,10 @@ import torch
 from PIL import Image
 
 from tinydit.data import load_dataset
+from tinydit.data.shapes import ShapesDataset
+from tinydit.data.text import BOS, PAD, UNK, Tokenizer, class_captions, empty_like, holds_phrase, parse_phrases, words
 from tinydit.errors import TinyDiTError
-from tinydit.shapes import ShapesDataset
-from tinydit.text import (
-    BOS,
-    PAD,
-    UNK,
-    TextEncoder,
-    Tokenizer,
-    class_captions,
-    empty_like,
-    holds_phrase,
-    parse_phrases,
-    words,
-)
+from tinydit.models.text_encoder import TextEncoder
 
 SHAPES_CAPTIONS = ShapesDataset(n=300).captions
 

@@ -4,11 +4,13 @@ import pytest
 import torch
 from conftest import fashion_mnist_available, fast_config
 
-import tinydit.linear as linear_module
-from tinydit.checkpoint import FORMAT_VERSION, load_checkpoint, load_model, save_checkpoint
+import tinydit.models.linear as linear_module
 from tinydit.errors import TinyDiTError
-from tinydit.linear import linear_backend
-from tinydit.train import Trainer, adamw, ema_update
+from tinydit.models.checkpoint import FORMAT_VERSION, load_checkpoint, load_model
+from tinydit.models.linear import linear_backend
+from tinydit.train import Trainer
+from tinydit.train.checkpoint import save_checkpoint
+from tinydit.train.optim import adamw, ema_update
 
 HAS_FMNIST = fashion_mnist_available()
 
@@ -118,7 +120,7 @@ def test_cooldown_decays_the_learning_rate_linearly_over_the_last_steps(tmp_path
     logged = {r["step"]: r["lr"] for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())
               if "lr" in r}  # fmt: skip
     assert logged[10] == trainer.opt.param_groups[0]["lr"] == pytest.approx(2.5e-4)  # the last step's rate
-    with pytest.raises(TinyDiTError, match="--cooldown 4 .* give --steps of at least 4 \\(got 3\\)"):
+    with pytest.raises(TinyDiTError, match="`cooldown` 4 .* give `steps` of at least 4 \\(got 3\\)"):
         fast_config(tmp_path, steps=3, cooldown=4)
     with pytest.raises(TinyDiTError, match="got none"):
         fast_config(tmp_path, steps=None, minutes=1.0, cooldown=4)
@@ -144,7 +146,7 @@ def test_a_run_continued_into_its_cooldown_ends_as_one_uninterrupted_run(tmp_pat
 
 
 def test_resume_flag_without_checkpoint_is_an_error(tmp_path):
-    with pytest.raises(TinyDiTError, match="--resume"):
+    with pytest.raises(TinyDiTError, match="`resume`"):
         Trainer(fast_config(tmp_path, steps=2), require_resume=True, progress=False)
 
 
@@ -227,7 +229,7 @@ def test_losses_are_logged_per_bin_of_t(tmp_path):
 
 
 def test_a_run_continues_with_its_own_architecture_after_its_preset_changes(tmp_path, monkeypatch):
-    from tinydit import model as model_module
+    from tinydit.models import dit as model_module
 
     Trainer(fast_config(tmp_path, steps=1), progress=False).fit()
     changed = {**model_module.PRESETS, "dit-0.2m": {**model_module.PRESETS["dit-0.2m"], "mlp": "swiglu"}}
@@ -260,7 +262,7 @@ def test_a_run_begun_with_the_unfused_adamw_continues_with_it_exactly(tmp_path, 
     """Checkpoints from before the fused AdamW: the continuation builds the optimizer they were written
     with, so it is exact, and fp16's gradient scaler takes the unfused step (a fused optimizer loaded with
     unfused settings would hand the scaler's arguments to an unfused step, which rejects them)."""
-    import tinydit.train as train_module
+    import tinydit.train.optim as train_module
 
     kw = dict(batch_size=8, limit=20)
     with monkeypatch.context() as m:  # the old trainer: PyTorch's default (unfused) AdamW

@@ -8,12 +8,12 @@ import torch
 from conftest import fast_config
 from PIL import Image
 
-from tinydit.checkpoint import load_checkpoint, load_model, tokenizer_of
 from tinydit.config import SHAPES_HOLDOUT, TrainConfig
+from tinydit.data.text import BOS, PAD, holds_phrase, tokenizer_of
 from tinydit.errors import TinyDiTError
-from tinydit.mmdit import MMDiT
-from tinydit.model import DiT
-from tinydit.text import BOS, PAD, holds_phrase
+from tinydit.models.checkpoint import load_checkpoint, load_model
+from tinydit.models.dit import DiT
+from tinydit.models.mmdit import MMDiT
 from tinydit.train import Trainer
 
 MMDIT = dict(model="mmdit", preset="mmdit-0.2m")
@@ -93,10 +93,10 @@ def test_dropped_captions_become_the_empty_caption(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(model="mmdit", cond="class"), "use --model dit for class labels"),
-    (dict(model="mmdit", preset="dit-0.2m"), "unknown preset 'dit-0.2m' for --model mmdit: use one of mmdit-0.2m"),
-    (dict(model="unet"), "unknown --model 'unet'"),
-    (dict(holdout="red triangle"), "add --cond text"),
+    (dict(model="mmdit", cond="class"), "use `model` dit for class labels"),
+    (dict(model="mmdit", preset="dit-0.2m"), "unknown preset 'dit-0.2m' for `model` mmdit: use one of mmdit-0.2m"),
+    (dict(model="unet"), "unknown `model` 'unet'"),
+    (dict(holdout="red triangle"), "add `cond` text"),
     (dict(model="mmdit", holdout="red triangle,,"), "empty phrase"),
 ])  # fmt: skip
 def test_config_errors_name_the_fix(kwargs, match):

@@ -1,34 +1,38 @@
 """TinyDiT: flow-matching Diffusion Transformers on small images, on a laptop CPU or a GPU.
 
+The package, one idea a folder, imports pointing one way (``tests/test_layers.py`` enforces it):
+
+    errors, config, runtime, files, images, tokens   leaves: the vocabulary every layer shares
+    models/   architecture only: DiT, MMDiT, their layers and kernels, the registry, reading checkpoints
+    data/     data sets and the in-memory cache, shapes, captions and the tokenizer, writing samples
+    flow/     the method: path and loss, guidance, samplers, time grids, generation, few-step losses
+    train/    the loop, optimizer and EMA, checkpoint writing and resume checks, teacher paths
+    eval/     feature networks, metrics, evaluation, prompt adherence, sweeps, reports, plots
+    api       one function per command;  cli: the ``tinydit`` command over it
+
 Conventions used across the package:
 
 * images are float32, layout (N, C, H, W), values in [-1, 1]; files on disk are 8-bit images
 * time follows the rectified-flow convention of SD3 / minRF: t = 0 is data, t = 1 is noise
-  (see ``tinydit.flow``)
+  (see ``tinydit.flow.path``)
 
-Shape legend used in comments and docstrings:
+The one legend of letters, in comments, docstrings and names (each letter has this meaning only):
 
-    N  batch size              C  image channels (3 RGB, 1 grayscale)
-    H  image height            W  image width
-    p  patch size              T  tokens per image = (H / p) * (W / p)
-    D  model width (``dim``)   h  attention heads, Dh = D / h the head width
-    L  token ids per caption (BOS + the longest training caption; ``tinydit.text``)
+    N  images (or captions) in a batch     C  image channels (3 RGB, 1 grayscale)
+    H  image height, W image width         p  patch size, g = H / p patches per side
+    T  tokens per image = g * g            D  model width (``dim``)
+    h  attention heads                     Dh head width = D / h
+    L  token ids per caption (BOS + the longest training caption; ``tinydit.tokens``)
+    x  images or tokens                    t  times (N,)            y  labels (N,) or caption ids (N, L)
+    c  the conditioning vector (N, D)      ctx caption tokens (N, L, D)     v  velocity, shaped like x
+    d  a shortcut model's step size (N,)   dt a sampler's signed step in t (negative: towards the data)
+    cfg  a TrainConfig; ``config`` a model's DiTConfig; ``cfg_scale`` a guidance scale
 """
 
 from __future__ import annotations
 
-import torch
-
 __version__ = "0.1.0"
 
+from tinydit.runtime import get_device  # noqa: E402  (after __version__, which the modules below read)
+
 __all__ = ["__version__", "get_device"]
-
-
-def get_device() -> torch.device:
-    """The best available device: CUDA, then Apple's MPS, then the CPU."""
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    mps = getattr(torch.backends, "mps", None)
-    if mps is not None and mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")

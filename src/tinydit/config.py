@@ -1,26 +1,139 @@
-"""The training configuration: one typed dataclass, validated on construction.
+"""The configurations, and the names each option accepts: typed dataclasses, validated on construction.
 
-The resolved config (this plus the model's ``DiTConfig``) is written to ``RUN_DIR/config.json`` and
-into every checkpoint.
+A leaf of the package: it imports nothing that builds a model or reads data, so every layer can use it.
+
+* ``TrainConfig``: one training run. The resolved config (this and the model's ``DiTConfig``) is
+  written to ``RUN_DIR/config.json`` and into every checkpoint. The ``tinydit train`` flags are made
+  from its fields and the comment beside each (``tinydit.cli``): a new option is one new field.
+* the preset tables of the model types (``MODEL_PRESETS``; the model classes are in ``tinydit.models``)
+* ``check_sampler_args``: the sampler settings every sampling entry point accepts
+
+Errors name the parameter in backticks (`steps`); the CLI prints the flag in its place (--steps).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 
 from tinydit.errors import TinyDiTError
-from tinydit.registry import MODEL_TYPES
-from tinydit.runtime import PRECISIONS
-from tinydit.text import parse_phrases
+from tinydit.runtime import COMPILE, PRECISIONS
 
-# Caption combinations a shapes text run never sees unless told otherwise (``--holdout``): prompt
-# adherence on them measures compositional generalisation (``tinydit.adherence``).
+PRECISION_CHOICES = ("auto", *PRECISIONS)  # auto: the fastest measured on the device (tinydit.runtime)
+COMPILE_CHOICES = COMPILE
+from tinydit.tokens import parse_phrases
+
+__all__ = ["TrainConfig", "TRAJECTORY_FIELDS", "SHAPES_HOLDOUT", "FEW_STEP", "MODEL_CONDS", "MODEL_PRESETS",
+           "DEFAULT_PRESETS", "SAMPLER_NAMES", "GRID_NAMES", "T_SAMPLINGS", "KNOTS", "BUILTIN_DATASETS",
+           "canonical_name", "check_sampler_args"]  # fmt: skip
+
+# Caption combinations a shapes text run never sees unless told otherwise (`holdout`): prompt adherence
+# on them measures compositional generalisation (tinydit.eval.adherence).
 SHAPES_HOLDOUT = "red triangle,blue circle"
 
-FEW_STEP = ("none", "shortcut", "distill")  # --few-step: see TrainConfig.few_step
+FEW_STEP = ("none", "shortcut", "distill")  # see TrainConfig.few_step
+T_SAMPLINGS = ("uniform", "logit-normal")  # how training times are drawn (tinydit.flow.path.sample_t)
+KNOTS = 8  # distillation: the teacher's path is kept at t = 0, 1/8, ..., 1 (tinydit.flow.distill)
 
-__all__ = ["TrainConfig", "TRAJECTORY_FIELDS", "SHAPES_HOLDOUT", "FEW_STEP"]
+# The architecture switches of DiTConfig (tinydit.models.dit) and the values each takes.
+NORMS = ("layernorm", "rmsnorm")
+MLPS = ("gelu", "swiglu")
+POSITIONS = ("sincos", "rope")
+PREDICTIONS = ("v", "x")
+CONDS = ("class", "text")  # class: y is a label (N,) | text: y is caption token ids (N, L)
+
+# The model types, the conditionings each takes (the default first) and their presets. The classes behind
+# the names are registered in tinydit.models.registry (a test checks that the two agree).
+MODEL_CONDS: dict[str, tuple[str, ...]] = {"dit": CONDS, "mmdit": ("text",)}
+
+# Presets fix the trunk (width, depth, heads, patch). Names carry the real parameter count, measured
+# for 32x32 RGB with 10 classes (tests/test_model.py checks each name against count_params).
+DIT_PRESETS: dict[str, dict] = {
+    # pred="auto": the network predicts the clean image (x, JiT) on RGB data and the velocity (v) on
+    # grayscale. On 3-channel shapes, x reached in 4,000 steps a validation loss v had not reached in
+    # 8,687 (dit-0.2m); on Fashion-MNIST's 1-channel patches there is no bottleneck for x to remove, and
+    # in the 4-minute ablation x scored worse (docs/ablation.md). Old checkpoints (no field) load as v.
+    "dit-0.2m": dict(dim=64, depth=2, n_heads=2, patch_size=4, pred="auto"),  # smoke tests: seconds per run
+    # The CPU preset: minutes per run. SwiGLU is its one switch that won the equal-time ablation on
+    # Fashion-MNIST (docs/ablation.md); RMSNorm, QK-norm and RoPE each scored worse and stay off.
+    "dit-1.9m": dict(dim=128, depth=6, n_heads=4, patch_size=4, mlp="swiglu", pred="auto"),
+    "dit-9.8m": dict(dim=256, depth=8, n_heads=4, patch_size=4, pred="auto"),  # a laptop hour, or a GPU
+    "dit-32m": dict(dim=384, depth=12, n_heads=6, patch_size=2, pred="auto"),  # GPU: 256 tokens per 32x32 image
+}
+
+# Names carry the real parameter count, measured for 32x32 RGB shapes with its caption tokenizer (18 ids,
+# L = 8; tests/test_mmdit.py checks each). A joint block holds the weights of two DiT blocks, so
+# mmdit-2.3m (2 joint + 2 single-stream blocks) has exactly the parameters of dit-1.9m with the same
+# text encoder (2,318,640 each): the pair benchmarks/text_to_image.py compares. mmdit-2.1m is SD3's
+# all-joint trunk, one block shorter.
+MMDIT_PRESETS: dict[str, dict] = {
+    "mmdit-0.2m": dict(dim=64, depth=1, n_heads=2, patch_size=4, text_depth=1, pred="auto"),  # smoke tests
+    "mmdit-2.1m": dict(dim=128, depth=3, n_heads=4, patch_size=4, mlp="swiglu", text_depth=2, pred="auto"),
+    "mmdit-2.3m": dict(
+        dim=128, depth=2, single_blocks=2, n_heads=4, patch_size=4, mlp="swiglu", text_depth=2, pred="auto"
+    ),
+}
+
+MODEL_PRESETS: dict[str, dict[str, dict]] = {"dit": DIT_PRESETS, "mmdit": MMDIT_PRESETS}
+DEFAULT_PRESETS: dict[str, str] = {"dit": "dit-1.9m", "mmdit": "mmdit-2.3m"}
+
+# The built-in data sets and the spellings accepted for them; anything else is an image folder's path.
+BUILTIN_DATASETS = ("shapes", "fashion-mnist", "cifar10")
+_DATA_ALIASES = {"fashion-mnist": "fashion-mnist", "fashionmnist": "fashion-mnist", "fmnist": "fashion-mnist",
+                 "cifar10": "cifar10", "cifar-10": "cifar10", "shapes": "shapes"}  # fmt: skip
+
+
+def canonical_name(name: str) -> str:
+    """A built-in data set's canonical name, or the absolute path of an image folder."""
+    key = name.lower().replace("_", "-")
+    return _DATA_ALIASES.get(key) or str(Path(name).expanduser().resolve())
+
+
+# The samplers (tinydit.flow.samplers.SAMPLERS holds the functions) and the time grids (tinydit.flow.grids).
+SAMPLER_NAMES = ("euler", "heun", "midpoint", "dopri5", "ancestral", "heun-first")
+GRID_NAMES = ("uniform", "shifted")
+FIXED_STEP_SAMPLERS = ("euler", "heun", "midpoint")  # those that can record a path (distillation's teacher)
+
+
+def check_sampler_args(
+    steps: int,
+    cfg_scale: float,
+    sampler: str = "euler",
+    grid: str = "uniform",
+    shift: float | None = None,
+    cfg_interval: tuple[float, float] | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+    eta: float | None = None,
+) -> None:
+    """Raise TinyDiTError for any setting a sampler cannot run with (before any work is done)."""
+    if sampler not in SAMPLER_NAMES:
+        raise TinyDiTError(f"unknown sampler {sampler!r}: use one of {', '.join(SAMPLER_NAMES)}")
+    if steps < 1:
+        raise TinyDiTError(f"`steps` must be >= 1, got {steps}")
+    if not cfg_scale >= 0:  # also refuses NaN
+        raise TinyDiTError(f"`cfg_scale` (the guidance scale) must be >= 0, 1 = off; got {cfg_scale}")
+    if grid not in GRID_NAMES:
+        raise TinyDiTError(f"unknown time grid {grid!r}: use one of {', '.join(GRID_NAMES)}")
+    if shift is not None and grid != "shifted":
+        raise TinyDiTError(f"`shift` applies to the shifted grid only; add `grid` shifted (got `grid` {grid})")
+    if shift is not None and not (math.isfinite(shift) and shift > 0):
+        raise TinyDiTError(f"`shift` must be a positive number (1 = uniform, SD3 uses 3), got {shift}")
+    if cfg_interval is not None:
+        lo, hi = (float(v) for v in cfg_interval)
+        if not 0 <= lo <= hi <= 1:
+            raise TinyDiTError(f"`cfg_interval` LO HI needs 0 <= LO <= HI <= 1 (times, 1 = noise), got {lo} {hi}")
+    for name, tol in (("rtol", rtol), ("atol", atol)):
+        if tol is not None and sampler != "dopri5":
+            raise TinyDiTError(f"`{name}` applies to the adaptive sampler only; add `sampler` dopri5")
+        if tol is not None and not (math.isfinite(tol) and tol > 0):
+            raise TinyDiTError(f"`{name}` must be a positive number such as 1e-3, got {tol}")
+    if eta is not None and sampler != "ancestral":
+        raise TinyDiTError("`eta` applies to the stochastic sampler only; add `sampler` ancestral")
+    if eta is not None and not 0 <= eta <= 1:
+        raise TinyDiTError(f"`eta` must be in [0, 1] (0: deterministic, as Euler; 1: DDPM's noise), got {eta}")
+
 
 # Fields that change what a run computes. A run directory can only be continued with the same values;
 # everything else (steps, minutes, logging intervals, device) may change between invocations.
@@ -38,13 +151,13 @@ class TrainConfig:
     data: str = "shapes"  # shapes | fashion-mnist | cifar10 | path of an image folder
     data_root: str = "data"  # where downloadable data sets are looked for and stored
     limit: int | None = None  # use only the first `limit` training images (quick runs)
-    model: str = "dit"  # dit | mmdit (tinydit.mmdit: image and text streams with joint attention)
+    model: str = "dit"  # dit | mmdit (tinydit.models.mmdit: image and text streams with joint attention)
     preset: str | None = None  # model size, see `tinydit presets`; None: the model's default preset
-    cond: str | None = None  # class | text (the captions, tinydit.text); None: class for dit, text for mmdit
+    cond: str | None = None  # class | text (the captions, tinydit.data.text); None: class for dit, text for mmdit
     # Text runs: comma-separated caption phrases ("red triangle"); every training image whose caption holds
     # one is removed, so the model never sees that combination. None: SHAPES_HOLDOUT for shapes, else none.
     holdout: str | None = None
-    norm: str | None = None  # architecture switches (see tinydit.model); None keeps the preset's choice
+    norm: str | None = None  # architecture switches (see tinydit.models.dit); None keeps the preset's choice
     qk_norm: bool | None = None
     mlp: str | None = None
     pos: str | None = None
@@ -54,8 +167,8 @@ class TrainConfig:
     batch_size: int = 128  # images per optimizer step
     lr: float = 1e-3  # AdamW peak learning rate (constant after warm-up, as in DiT)
     warmup: int = 100  # linear learning-rate warm-up, in steps
-    # Linear decay of the learning rate to 0 over the last ``cooldown`` steps of a --steps run
-    # (warmup-stable-decay). A run can be continued with other --steps/--cooldown until its decay starts.
+    # Linear decay of the learning rate to 0 over the last ``cooldown`` steps of a `steps` run
+    # (warmup-stable-decay). A run can be continued with other `steps`/`cooldown` until its decay starts.
     cooldown: int = 0
     weight_decay: float = 0.0  # AdamW weight decay (DiT uses none)
     grad_clip: float = 1.0  # clip the global gradient norm to this (0 = off)
@@ -64,12 +177,12 @@ class TrainConfig:
     # Training times: uniform | logit-normal (SD3). None: logit-normal for text runs (it raised MMDiT's
     # all-attribute accuracy on shapes from 0.350 to 0.560, docs/text_to_image.md), else uniform.
     t_sampling: str | None = None
-    # none | shortcut: also train the model to take large steps (tinydit.shortcut) | distill: train a
-    # few-step student on the paths of a trained model, ``teacher`` (tinydit.distill)
+    # none | shortcut: also train the model to take large steps (tinydit.flow.shortcut) | distill: train a
+    # few-step student on the paths of a trained model, ``teacher`` (tinydit.flow.distill)
     few_step: str = "none"
     teacher: str | None = None  # distill: the teacher's checkpoint.pt
     teacher_sampler: str = "heun"  # distill: how the teacher samples its paths (euler | heun | midpoint) ...
-    teacher_steps: int = 8  # ... in this many uniform steps (a multiple of tinydit.distill.KNOTS) ...
+    teacher_steps: int = 8  # ... in this many uniform steps (a multiple of tinydit.flow.distill.KNOTS) ...
     teacher_cfg: float = 3.0  # ... with this guidance scale ...
     teacher_cfg_interval: tuple[float, float] = (0.1, 0.8)  # ... applied for t in this interval (docs/few_step.md)
     distill_paths: int = 40_000  # distill: how many teacher paths the student trains on
@@ -87,57 +200,57 @@ class TrainConfig:
     sample_cfg: float = 2.0  # guidance scale for the sample grids
 
     def __post_init__(self):
-        if self.model not in MODEL_TYPES:
-            raise TinyDiTError(f"unknown --model {self.model!r}: use one of {', '.join(MODEL_TYPES)}")
-        kind = MODEL_TYPES[self.model]
+        if self.model not in MODEL_CONDS:
+            raise TinyDiTError(f"unknown `model` {self.model!r}: use one of {', '.join(MODEL_CONDS)}")
+        presets, conds = MODEL_PRESETS[self.model], MODEL_CONDS[self.model]
         if self.preset is None:
-            self.preset = kind.default_preset
-        if self.preset not in kind.presets:
-            raise TinyDiTError(f"unknown preset {self.preset!r} for --model {self.model}: use one of "
-                               f"{', '.join(kind.presets)}")  # fmt: skip
+            self.preset = DEFAULT_PRESETS[self.model]
+        if self.preset not in presets:
+            raise TinyDiTError(f"unknown preset {self.preset!r} for `model` {self.model}: use one of "
+                               f"{', '.join(presets)}")  # fmt: skip
         if self.cond is None:
-            self.cond = kind.conds[0]
-        if self.cond not in kind.conds:
-            hint = "; use --model dit for class labels" if self.model == "mmdit" else ""
-            raise TinyDiTError(f"--model {self.model} takes --cond {' or '.join(kind.conds)}, got {self.cond!r}{hint}")
+            self.cond = conds[0]
+        if self.cond not in conds:
+            hint = "; use `model` dit for class labels" if self.model == "mmdit" else ""
+            raise TinyDiTError(f"`model` {self.model} takes `cond` {' or '.join(conds)}, got {self.cond!r}{hint}")
         self.holdout = self._resolve_holdout()
         if self.t_sampling is None:
             self.t_sampling = "logit-normal" if self.cond == "text" else "uniform"
         if self.steps is None and self.minutes is None:
             self.steps = 2000
         if self.steps is not None and self.steps < 1:
-            raise TinyDiTError(f"--steps must be >= 1, got {self.steps}")
+            raise TinyDiTError(f"`steps` must be >= 1, got {self.steps}")
         if self.minutes is not None and self.minutes <= 0:
-            raise TinyDiTError(f"--minutes must be > 0, got {self.minutes}")
+            raise TinyDiTError(f"`minutes` must be > 0, got {self.minutes}")
         for name in ("batch_size", "log_every", "val_every", "val_size", "sample_every", "ckpt_every", "sample_steps"):
             if getattr(self, name) < 1:
                 raise TinyDiTError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.limit is not None and self.limit < 1:
-            raise TinyDiTError(f"--limit must be >= 1, got {self.limit}")
+            raise TinyDiTError(f"`limit` must be >= 1, got {self.limit}")
         if self.lr <= 0:
-            raise TinyDiTError(f"--lr must be > 0, got {self.lr}")
+            raise TinyDiTError(f"`lr` must be > 0, got {self.lr}")
         if self.warmup < 0 or self.weight_decay < 0 or self.grad_clip < 0:
             raise TinyDiTError("warmup, weight_decay and grad_clip must be >= 0")
         if self.cooldown < 0:
-            raise TinyDiTError(f"--cooldown must be >= 0, got {self.cooldown}")
+            raise TinyDiTError(f"`cooldown` must be >= 0, got {self.cooldown}")
         if self.cooldown and (self.steps is None or self.cooldown > self.steps):
-            raise TinyDiTError(f"--cooldown {self.cooldown} is a fall over the last {self.cooldown} of --steps: give "
-                               f"--steps of at least {self.cooldown} (got {self.steps or 'none'})")  # fmt: skip
+            raise TinyDiTError(f"`cooldown` {self.cooldown} is a fall over the last {self.cooldown} of `steps`: give "
+                               f"`steps` of at least {self.cooldown} (got {self.steps or 'none'})")  # fmt: skip
         if not 0 <= self.ema_decay < 1:
             raise TinyDiTError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
         if not 0 <= self.class_dropout < 1:
             raise TinyDiTError(f"class_dropout must be in [0, 1), got {self.class_dropout}")
-        if self.t_sampling not in ("uniform", "logit-normal"):
-            raise TinyDiTError(f"--t-sampling must be uniform or logit-normal, got {self.t_sampling!r}")
+        if self.t_sampling not in T_SAMPLINGS:
+            raise TinyDiTError(f"`t_sampling` must be {' or '.join(T_SAMPLINGS)}, got {self.t_sampling!r}")
         if self.few_step not in FEW_STEP:
-            raise TinyDiTError(f"--few-step must be one of {', '.join(FEW_STEP)}; got {self.few_step!r}")
+            raise TinyDiTError(f"`few_step` must be one of {', '.join(FEW_STEP)}; got {self.few_step!r}")
         self._check_distill()
         if self.t_shift <= 0:
-            raise TinyDiTError(f"--t-shift must be > 0, got {self.t_shift}")
+            raise TinyDiTError(f"`t_shift` must be > 0, got {self.t_shift}")
         if self.precision not in ("auto", *PRECISIONS):
-            raise TinyDiTError(f"--precision must be auto, {', '.join(PRECISIONS)}; got {self.precision!r}")
-        if self.compile not in ("auto", "on", "off"):
-            raise TinyDiTError(f"--compile must be auto, on or off; got {self.compile!r}")
+            raise TinyDiTError(f"`precision` must be auto, {', '.join(PRECISIONS)}; got {self.precision!r}")
+        if self.compile not in COMPILE:
+            raise TinyDiTError(f"`compile` must be auto, on or off; got {self.compile!r}")
         if self.sample_cfg < 0:
             raise TinyDiTError(f"sample_cfg (guidance scale) must be >= 0, got {self.sample_cfg}")
 
@@ -145,38 +258,33 @@ class TrainConfig:
         self.teacher_cfg_interval = tuple(float(v) for v in self.teacher_cfg_interval)
         if self.few_step != "distill":
             if self.teacher is not None:
-                raise TinyDiTError("--teacher is only used with --few-step distill; add it or drop --teacher")
+                raise TinyDiTError("`teacher` is only used with `few_step` distill; add it or drop `teacher`")
             return
-        from tinydit.distill import KNOTS
-        from tinydit.sampling import check_sampler_args
-
         if self.teacher is None:
-            raise TinyDiTError("--few-step distill learns from a trained model: pass its checkpoint.pt with --teacher")
-        if self.teacher_sampler not in ("euler", "heun", "midpoint"):
-            raise TinyDiTError(f"--teacher-sampler must be euler, heun or midpoint, got {self.teacher_sampler!r}")
+            raise TinyDiTError("`few_step` distill learns from a trained model: pass its checkpoint.pt with `teacher`")
+        if self.teacher_sampler not in FIXED_STEP_SAMPLERS:
+            raise TinyDiTError(f"`teacher_sampler` must be {', '.join(FIXED_STEP_SAMPLERS)}, got {self.teacher_sampler!r}")
         if self.teacher_steps < 1 or self.teacher_steps % KNOTS:
-            raise TinyDiTError(f"--teacher-steps must be a positive multiple of {KNOTS} (the teacher's path is "
+            raise TinyDiTError(f"`teacher_steps` must be a positive multiple of {KNOTS} (the teacher's path is "
                                f"kept at t = k/{KNOTS}), got {self.teacher_steps}")  # fmt: skip
         check_sampler_args(self.teacher_steps, self.teacher_cfg, self.teacher_sampler,
                            cfg_interval=self.teacher_cfg_interval)  # fmt: skip
         if self.distill_paths < 1:
-            raise TinyDiTError(f"--distill-paths must be >= 1, got {self.distill_paths}")
+            raise TinyDiTError(f"`distill_paths` must be >= 1, got {self.distill_paths}")
         if self.cond != "class":
-            raise TinyDiTError("--few-step distill works with class-conditional models for now; drop --cond text")
+            raise TinyDiTError("`few_step` distill works with class-conditional models for now; drop `cond` text")
         if self.arch_overrides():
             raise TinyDiTError(f"the student copies the teacher's architecture; drop "
-                               f"{', '.join('--' + k.replace('_', '-') for k in self.arch_overrides())}")  # fmt: skip
+                               f"{', '.join('`' + k + '`' for k in self.arch_overrides())}")  # fmt: skip
 
     def _resolve_holdout(self) -> str | None:
         """The held-out phrases, written out in full ("" for none) for text runs; None for class runs."""
         if self.cond != "text":
             if self.holdout not in (None, "", "none"):
-                raise TinyDiTError(f"--holdout {self.holdout!r} removes captioned combinations from a text run; "
-                                   "add --cond text (or --model mmdit), or drop --holdout")  # fmt: skip
+                raise TinyDiTError(f"`holdout` {self.holdout!r} removes captioned combinations from a text run; "
+                                   "add `cond` text (or `model` mmdit), or drop `holdout`")  # fmt: skip
             return None
         if self.holdout is None:
-            from tinydit.data import canonical_name
-
             return SHAPES_HOLDOUT if canonical_name(self.data) == "shapes" else ""
         return ",".join(parse_phrases(self.holdout))
 

@@ -16,6 +16,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from tinydit.files import atomic_write
+
 __all__ = [
     "pil_to_tensor",
     "tensor_to_pil",
@@ -87,7 +89,12 @@ def save_image(x: torch.Tensor, path: str | Path) -> None:
         if x.shape[0] != 1:
             raise ValueError(f"save_image takes one image, got a batch of {x.shape[0]}; use save_grid")
         x = x[0]
-    tensor_to_pil(from_model_range(x)).save(path)
+    path = Path(path)
+    fmt = Image.registered_extensions().get(path.suffix.lower())
+    if fmt is None:
+        raise ValueError(f"cannot tell an image format from {path.name!r}; use a suffix such as .png")
+    with atomic_write(path) as f:  # never a half-written image, even on a full disk
+        tensor_to_pil(from_model_range(x)).save(f, format=fmt)
 
 
 def make_grid(x: torch.Tensor, nrow: int = 8, pad: int = 2) -> torch.Tensor:

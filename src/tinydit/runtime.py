@@ -1,11 +1,12 @@
-"""How the model runs on a device: numeric precision and ``torch.compile``, chosen per device.
+"""How the model runs on a device: the device itself, numeric precision, ``torch.compile`` and the
+kernel switches, chosen per device.
 
 The defaults are what measured fastest (benchmarks/README.md):
 
 - CPU with native bf16 (AVX512-BF16 or AMX, as oneDNN reports): bf16 autocast, eager. On our 2-core
   AVX-512 machine a dit-1.9m training step ran 1.69x faster in bf16 than in fp32, with attention
-  written out as matmuls (``tinydit.attention``) and fp32's token linears already on oneDNN
-  (``tinydit.linear``). CPUs without it emulate bf16 matmuls (under 1 GFLOP/s on an AVX2 machine), so
+  written out as matmuls (``tinydit.models.attention``) and fp32's token linears already on oneDNN
+  (``tinydit.models.linear``). CPUs without it emulate bf16 matmuls (under 1 GFLOP/s on an AVX2 machine), so
   there fp32 is the default.
 - ``torch.compile`` on CPU made a training step 1.24x faster in bf16 and 1.12x in fp32, but compiling
   took about 40 s at the start of a run, which only pays after a few minutes of training, and it needs
@@ -14,26 +15,82 @@ The defaults are what measured fastest (benchmarks/README.md):
 
 Master weights, gradients, optimizer state and the EMA stay in fp32 in every mode: autocast lowers the
 precision of the matmuls and convolutions inside the forward pass and, on a CPU, of the adaLN norms
-and modulation (``tinydit.model.norm_modulate``) and of attention's softmax (``tinydit.attention``);
+and modulation (``tinydit.models.dit.norm_modulate``) and of attention's softmax (``tinydit.models.attention``);
 the residual stream stays fp32.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
 
 from tinydit.errors import TinyDiTError
-from tinydit.linear import onednn_is_faster
 
-__all__ = ["PRECISIONS", "cpu_has_native_bf16", "resolve_precision", "resolve_compile", "autocast",
-           "make_grad_scaler", "maybe_compile"]  # fmt: skip
+__all__ = ["PRECISIONS", "COMPILE", "get_device", "resolve_device", "cpu_has_native_bf16", "resolve_precision",
+           "resolve_compile", "autocast", "make_grad_scaler", "maybe_compile", "KernelSwitch"]  # fmt: skip
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+COMPILE = ("auto", "on", "off")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def get_device() -> torch.device:
+    """The best available device: CUDA, then Apple's MPS, then the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def resolve_device(name: str | torch.device = "auto") -> torch.device:
+    """``auto`` becomes ``get_device()``; any other name is checked against what this machine has."""
+    if isinstance(name, torch.device):
+        return name
+    if name == "auto":
+        return get_device()
+    try:
+        device = torch.device(name)
+    except RuntimeError as err:
+        raise TinyDiTError(f"unknown device {name!r}: use auto, cpu, cuda, cuda:N or mps") from err
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise TinyDiTError(f"device {name!r} asked for, but CUDA is not available here; use `device` cpu")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise TinyDiTError(f"device {name!r} asked for, but MPS is not available here; use `device` cpu")
+    return device
+
+
+class KernelSwitch:
+    """A per-process choice between kernels that compute the same function (``tinydit.models.attention``,
+    ``tinydit.models.linear``): ``auto`` lets the kernel's own rule decide, ``use(name)`` forces one
+    inside a with-block, for benchmarks, tests and exact continuations.
+
+    ``warm_up`` (optional) is run eagerly by ``maybe_compile`` before compiling, so that compiled code
+    only reads what it measured (a timing probe must never be traced).
+    """
+
+    def __init__(self, what: str, choices: tuple[str, ...], warm_up: Callable[[], object] | None = None):
+        self.what, self.choices, self.warm_up = what, ("auto", *choices), warm_up
+        self.forced = "auto"
+        _SWITCHES.append(self)
+
+    @contextlib.contextmanager
+    def use(self, name: str) -> Iterator[None]:
+        """Use kernel ``name`` (one of ``choices``) inside the block."""
+        if name not in self.choices:
+            raise TinyDiTError(f"{self.what} backend must be one of {', '.join(self.choices)}, got {name!r}")
+        previous, self.forced = self.forced, name
+        try:
+            yield
+        finally:
+            self.forced = previous
+
+
+_SWITCHES: list[KernelSwitch] = []
 
 
 def cpu_has_native_bf16() -> bool:
@@ -53,10 +110,10 @@ def resolve_precision(name: str, device: torch.device) -> str:
             return "bf16"
         return "fp32"
     if name not in PRECISIONS:
-        raise TinyDiTError(f"--precision must be auto, {', '.join(PRECISIONS)}; got {name!r}")
+        raise TinyDiTError(f"`precision` must be auto, {', '.join(PRECISIONS)}; got {name!r}")
     if name == "fp16" and device.type != "cuda":
         raise TinyDiTError(
-            f"--precision fp16 needs a CUDA device (it trains with a gradient scaler); on {device.type} "
+            f"`precision` fp16 needs a CUDA device (it trains with a gradient scaler); on {device.type} "
             "use fp32 (fastest on CPUs) or bf16"
         )
     return name
@@ -70,7 +127,7 @@ def resolve_compile(flag: str | bool, device: torch.device) -> bool:
         return device.type == "cuda"
     if flag in ("on", "off"):
         return flag == "on"
-    raise TinyDiTError(f"--compile must be auto, on or off; got {flag!r}")
+    raise TinyDiTError(f"`compile` must be auto, on or off; got {flag!r}")
 
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
@@ -93,5 +150,7 @@ def maybe_compile(model: nn.Module, enabled: bool) -> Callable[..., torch.Tensor
     if not enabled:
         return model
     if any(p.device.type == "cpu" for p in model.parameters()):
-        onednn_is_faster()  # the linear-kernel probe runs here, eagerly, so compiled code only reads its answer
+        for switch in _SWITCHES:  # probes run here, eagerly, so compiled code only reads their answers
+            if switch.warm_up is not None:
+                switch.warm_up()
     return torch.compile(model)

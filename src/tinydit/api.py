@@ -1,0 +1,235 @@
+"""TinyDiT from Python: one function per command of the ``tinydit`` CLI, which only parses and calls these.
+
+    train(config, dataset=None)                  -> TrainResult     tinydit train
+    sample(checkpoint, n, classes | prompts)     -> Samples         tinydit sample
+    evaluate(checkpoint= | samples=, out=)       -> metrics dict    tinydit eval
+    sweep(checkpoint, out, samplers, steps, ...) -> rows            tinydit sweep
+    presets()                                    -> rows            tinydit presets
+    load_model(checkpoint)                       -> (model, checkpoint dict): v = model(x, t, y)
+
+Arguments are checked here, once, before any work; errors name the parameter in backticks.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from tinydit.config import MODEL_PRESETS, TrainConfig, check_sampler_args
+from tinydit.data.datasets import load_dataset
+from tinydit.data.samples import check_output, write_samples
+from tinydit.data.text import tokenizer_of
+from tinydit.errors import TinyDiTError
+from tinydit.eval.evaluate import DEFAULT_CACHE, generate_for_eval, load_samples, to_eval_images
+from tinydit.eval.evaluate import evaluate as evaluate_images
+from tinydit.eval.report import write_report
+from tinydit.eval.sweep import run_sweep
+from tinydit.files import ensure_writable_dir
+from tinydit.flow.distill import warn_if_untrained_settings
+from tinydit.flow.generate import class_cycle, generate
+from tinydit.models import checkpoint as checkpoints
+from tinydit.models.dit import DiTConfig, count_params
+from tinydit.models.registry import MODEL_TYPES, build_model, preset_config
+from tinydit.runtime import autocast, maybe_compile, resolve_compile, resolve_device, resolve_precision
+from tinydit.train import Trainer, TrainResult
+
+__all__ = ["train", "sample", "Samples", "evaluate", "sweep", "presets", "load_model", "resolve_labels",
+           "resolve_prompts"]  # fmt: skip
+
+
+def train(config: TrainConfig, dataset: Dataset | None = None, val_dataset: Dataset | None = None, *,
+          overwrite: bool = False, resume: bool = False, progress: bool = True) -> TrainResult:  # fmt: skip
+    """Train as ``config`` says (re-running continues ``config.out``). ``dataset``: any map-style Dataset of
+    (image (C, H, W) float in [-1, 1], label) to train on instead of ``config.data``; ``val_dataset``
+    its validation images (default: every 20th image of ``dataset`` is held out)."""
+    if overwrite and resume:
+        raise TinyDiTError("`overwrite` starts afresh and `resume` insists on continuing: give one of them")
+    trainer = Trainer(config, overwrite=overwrite, require_resume=resume, progress=progress, dataset=dataset,
+                      val_dataset=val_dataset)  # fmt: skip
+    return trainer.fit()
+
+
+def load_model(checkpoint: str | Path | dict, ema: bool = True, device: str | torch.device = "cpu") -> tuple[nn.Module, dict]:
+    """The checkpoint's model (a DiT or an MMDiT; EMA weights by default) in eval mode, and the checkpoint dict."""
+    return checkpoints.load_model(checkpoint, ema=ema, map_location=resolve_device(device))
+
+
+@dataclass
+class Samples:
+    x: torch.Tensor  # (N, C, H, W) in [-1, 1]
+    labels: torch.Tensor  # (N,) the class of each image, or the index of its prompt in ``names``
+    names: list[str]  # the class names, or the prompts
+    nfe: int | float  # model evaluations per image
+    seconds: float  # wall time of the sampling
+    path: Path | None  # where they were written, if ``out`` was given
+
+
+def sample(
+    checkpoint: str | Path,
+    n: int | None = None,
+    classes: list[str] | None = None,
+    prompts: list[str] | None = None,
+    *,
+    sampler: str = "euler",
+    steps: int = 32,
+    cfg_scale: float = 2.0,
+    seed: int = 0,
+    out: str | Path | None = None,
+    nrow: int | None = None,
+    device: str | torch.device = "auto",
+    precision: str = "auto",
+    compile: str = "auto",
+    ema: bool = True,
+    **options,
+) -> Samples:
+    """Images from a checkpoint. Class models: ``n`` images (default 64) of ``classes`` (names or ids,
+    cycled; default all). Text models: ``n`` images (default 8) of each of ``prompts`` (default the run's
+    grid prompts), one grid row each. ``options``: the sampler's (grid, shift, cfg_interval, rtol, atol,
+    eta). ``out``: FILE.png (a grid), FILE.npz or a folder of PNGs."""
+    options = {k: v for k, v in options.items() if v is not None}
+    check_sampler_args(steps, cfg_scale, sampler, **options)
+    out = check_output(out) if out is not None else None
+    device = resolve_device(device)
+    precision = resolve_precision(precision, device)
+    model, state = checkpoints.load_model(checkpoint, ema=ema, map_location=device)
+    warn_if_untrained_settings(state, sampler, steps, cfg_scale, options.get("grid", "uniform"))
+    forward = maybe_compile(model, resolve_compile(compile, device))
+    names, tokenizer = state["data"]["classes"], tokenizer_of(state)
+    if tokenizer is None:
+        if prompts:
+            raise TinyDiTError(f"{checkpoint} is class-conditional (classes: {', '.join(names)}): use `classes`, not "
+                               "`prompts`; prompts need a text run (`model` mmdit or `cond` text)")  # fmt: skip
+        n = 64 if n is None else n
+        y = labels = resolve_labels(classes, names, n)
+        nrow = nrow or (len(names) if not classes else min(8, n))
+    else:
+        if classes:
+            raise TinyDiTError(f"{checkpoint} is a text-to-image model: use `prompts`, not `classes`")
+        names = list(prompts or state["data"]["prompts"])
+        n = 8 if n is None else n
+        y, labels = resolve_prompts(names, tokenizer, n)  # (P n, L), (P n,): one row per prompt
+        nrow = nrow or n
+    started = time.perf_counter()
+    with autocast(device, precision):
+        res = generate(forward, y, steps=steps, cfg_scale=cfg_scale, seed=seed, sampler=sampler, **options)
+    x = res.x.float()
+    if out is not None:
+        write_samples(x, labels, out, names, nrow=nrow)
+    return Samples(x, labels, names, res.nfe, time.perf_counter() - started, out)
+
+
+def evaluate(
+    checkpoint: str | Path | None = None,
+    samples: str | Path | None = None,
+    *,
+    out: str | Path,
+    data: str | None = None,
+    n: int = 10_000,
+    sampler: str = "euler",
+    steps: int = 32,
+    cfg_scale: float = 2.0,
+    seed: int = 0,
+    split: str = "test",
+    data_root: str | Path = "data",
+    device: str | torch.device = "auto",
+    inception: bool = False,
+    inception_weights: str | None = None,
+    cache_dir: str | Path = DEFAULT_CACHE,
+    command: str | None = None,
+    **options,
+) -> dict:
+    """Score ``n`` samples drawn from ``checkpoint``, or the images in ``samples`` (an .npz or a folder,
+    with ``data`` naming the reference), with the offline metrics; writes ``out``/metrics.json and
+    report.md (``command`` is recorded in both) and returns the metrics."""
+    if (checkpoint is None) == (samples is None):
+        raise TinyDiTError("give one of `checkpoint` (to sample and score) or `samples` (to score existing images)")
+    out = ensure_writable_dir(out)
+    extra: dict = {"nfe_per_image": None, "generation_seconds": None}
+    if checkpoint is not None:
+        options = {k: v for k, v in options.items() if v is not None}
+        images, labels, data, classes, extra = generate_for_eval(checkpoint, n, steps, cfg_scale, seed,
+                                                                 resolve_device(device), data, sampler=sampler,
+                                                                 **options)  # fmt: skip
+    else:
+        if not data:
+            raise TinyDiTError("`samples` needs `data` (fashion-mnist, shapes, cifar10 or a folder) for the reference")
+        classes = load_dataset(data, train=False, root=data_root, limit=1).classes
+        images, labels = load_samples(samples, classes)
+    images = to_eval_images(images, data)  # once: uint8 at the evaluation size, for the metrics and the report
+    metrics = evaluate_images(images, labels, data, split=split, root=data_root, cache_dir=cache_dir,
+                              inception=inception, inception_weights=inception_weights)  # fmt: skip
+    metrics.update(extra)
+    write_report(out, metrics, command or "", images, labels, classes)
+    return metrics
+
+
+def sweep(checkpoint: str | Path, out: str | Path, samplers=("euler", "heun"), steps=(4, 8, 16, 32),
+          cfgs=(1.0, 2.0), tols=(1e-2, 1e-3), *, device: str | torch.device = "auto", **kwargs) -> list[dict]:  # fmt: skip
+    """Quality against model evaluations for every sampler x steps x guidance combination
+    (``tinydit.eval.sweep``); writes sweep.csv, sweep.md, sweep.json and sweep.png into ``out``."""
+    return run_sweep(checkpoint, out, samplers=list(samplers), steps=list(steps), cfgs=list(cfgs), tols=list(tols),
+                     device=resolve_device(device), **kwargs)  # fmt: skip
+
+
+# The shapes captions' tokenizer (18 ids, 8 per caption), for the text models' parameter counts.
+_SHAPES_TEXT = dict(cond="text", vocab_size=18, text_len=8, n_classes=4)
+
+
+def presets() -> list[dict]:
+    """Every model preset with its size: params for 32x32 RGB with 10 classes (class DiTs) and with the
+    shapes captions' text encoder (``params_text``); ``switches``: where it differs from the original DiT."""
+    base, shown = DiTConfig(), ("norm", "qk_norm", "mlp", "pos", "pred")
+    rows = []
+    for kind, table in MODEL_PRESETS.items():
+        for name in table:
+            text_fields = _SHAPES_TEXT if kind == "dit" else {k: v for k, v in _SHAPES_TEXT.items() if k != "cond"}
+            cfg = preset_config(kind, name, **text_fields)
+            params = count_params(build_model(kind, preset_config(kind, name))) if kind == "dit" else None
+            rows.append({"model": kind, "preset": name, "params": params,
+                         "params_text": count_params(build_model(kind, cfg)), "dim": cfg.dim, "depth": cfg.depth,
+                         "single_blocks": getattr(cfg, "single_blocks", 0), "n_heads": cfg.n_heads,
+                         "patch_size": cfg.patch_size, "tokens_at_32": (32 // cfg.patch_size) ** 2,
+                         "switches": {k: getattr(cfg, k) for k in shown if getattr(cfg, k) != getattr(base, k)},
+                         "default": name == MODEL_TYPES[kind].default_preset})  # fmt: skip
+    return rows
+
+
+def resolve_labels(specs: list[str] | None, classes: list[str], n: int) -> torch.Tensor:
+    """Labels (n,) for class names or ids given by a user, cycled to length n; all classes if none.
+
+    ``specs`` items may be names ("sneaker") or ids ("7"); names match case-insensitively.
+    """
+    if n < 1:
+        raise TinyDiTError(f"`n` must be >= 1, got {n}")
+    if not specs:
+        return class_cycle(n, len(classes))
+    lookup = {name.lower(): i for i, name in enumerate(classes)}
+    ids = []
+    for spec in specs:
+        for item in str(spec).split(","):
+            item = item.strip()
+            if item.isdigit() and int(item) < len(classes):
+                ids.append(int(item))
+            elif item.lower() in lookup:
+                ids.append(lookup[item.lower()])
+            else:
+                raise TinyDiTError(
+                    f"unknown class {item!r}: this model knows {', '.join(classes)} (or ids 0-{len(classes) - 1})"
+                )
+    return torch.tensor(ids, dtype=torch.long)[torch.arange(n) % len(ids)]
+
+
+def resolve_prompts(prompts: list[str], tokenizer, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Caption ids (P n, L) for n images of each of P prompts, prompt after prompt, and each image's
+    prompt index (P n,). Unknown words warn by name (``tinydit.data.text.Tokenizer.encode``)."""
+    if n < 1:
+        raise TinyDiTError(f"`n` must be >= 1, got {n}")
+    if not prompts:
+        raise TinyDiTError("no prompt given: pass `prompts`, one or more captions (one grid row each)")
+    index = torch.arange(len(prompts)).repeat_interleave(n)  # (P n,): row p holds prompt p
+    return tokenizer.encode(list(prompts))[index], index

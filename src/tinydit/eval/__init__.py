@@ -1,0 +1,1 @@
+"""Offline evaluation: feature networks, metrics, evaluation runs, prompt adherence, sweeps, reports, plots."""

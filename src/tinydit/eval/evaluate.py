@@ -1,0 +1,343 @@
+"""``tinydit eval``: sample quality against a reference split, the same way every time, offline.
+
+Pipeline (``evaluate``):
+
+1. Samples come from a checkpoint (N class-balanced images, generated here with the given steps and
+   guidance; a text model gets prompts, see ``eval_conditions``) or from a file (.npz with ``images``
+   and optional ``labels``, or a folder of images).
+2. Every image set, samples and reference alike, is converted the same way: to uint8 (N, C, S, S) at
+   the data set's evaluation size (floats are taken to be in [-1, 1] and quantised first).
+3. Offline metrics in the data set's feature network space (``tinydit.eval.features``): FID, KID,
+   precision/recall and class consistency, named after the network (``fid_fmnist_cnn``, ...).
+4. Optionally the standard Inception FID (``tinydit.eval.inception``); for data sets without an offline
+   feature network (CIFAR-10, image folders) it is the only metric.
+5. For a text model trained on ``shapes``: prompt adherence (``tinydit.eval.adherence``), the accuracy of the
+   shape, colour and background read back from each sample against its prompt, for prompts the model
+   saw and for held-out combinations (``adherence_<attribute>_<seen|held_out|all>``).
+
+Reference features are cached on disk, keyed by data set (and its size and renderer version),
+split, feature network and the SHA-256 of its weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from tinydit.data.datasets import IMG_EXTS, canonical_name, decode_folder, folder_signature, load_dataset
+from tinydit.data.samples import safe_name
+from tinydit.data.shapes import RENDER_VERSION, SHAPES, caption
+from tinydit.data.text import class_captions, parse_phrases, tokenizer_of
+from tinydit.errors import TinyDiTError
+from tinydit.eval.adherence import flatten, prompts_for, score
+from tinydit.eval.features import FEATURE_NETS, extract, load_feature_net
+from tinydit.eval.inception import InceptionFeatures
+from tinydit.eval.metrics import MIN_SAMPLES, feature_stats, frechet_distance, kid, precision_recall
+from tinydit.files import atomic_write
+from tinydit.flow.distill import warn_if_untrained_settings
+from tinydit.flow.generate import class_cycle, generate, sampler_settings
+from tinydit.images import to_uint8
+from tinydit.models.checkpoint import load_model
+
+__all__ = ["EvalSpec", "eval_spec", "load_samples", "to_eval_images", "reference_images", "reference_features",
+           "evaluate", "eval_conditions", "generate_for_eval", "blur", "add_noise", "DEFAULT_CACHE"]  # fmt: skip
+
+DEFAULT_CACHE = Path.home() / ".cache" / "tinydit"
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    key: str  # identifies the reference images in cache keys
+    channels: int
+    size: int  # evaluation size S: images are compared as (C, S, S)
+    accepted: tuple[tuple[int, int], ...]  # (C, side) pairs accepted as input; anything else is an error
+    feature_net: str | None  # the offline feature network, if the data set has one
+    reference_size: int | None = None  # reference images to use (None: the whole split)
+
+
+def eval_spec(data: str) -> EvalSpec:
+    """How samples of ``data`` (a built-in name or an image folder) are evaluated."""
+    name = canonical_name(data)
+    if name == "fashion-mnist":  # native 28x28 (what TinyDiT trains on), or 32x32 padded copies
+        return EvalSpec("fashion-mnist", 1, 28, ((1, 28), (1, 32)), FEATURE_NETS[name])
+    if name == "shapes":
+        return EvalSpec(f"shapes-r{RENDER_VERSION}-n10000", 3, 32, ((3, 32),), FEATURE_NETS[name], 10000)
+    if name == "cifar10":
+        return EvalSpec("cifar10", 3, 32, ((3, 32),), None)
+    folder = Path(name)
+    if not folder.is_dir():
+        raise TinyDiTError(f"unknown reference {data!r}: use fashion-mnist, shapes, cifar10 or an image folder")
+    digest = hashlib.sha1(repr((name, folder_signature(folder))).encode()).hexdigest()[:12]
+    return EvalSpec(f"folder-{digest}", 3, 32, ((3, 32),), None)
+
+
+def load_samples(path: str | Path, classes: list[str] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Images (as stored) and labels (or None) from an .npz or a folder of images.
+
+    In a folder, a file named like ``00012_sneaker.png`` (as ``tinydit sample --out DIR`` writes)
+    carries its class name; labels are read only when every file has one of ``classes``.
+    """
+    path = Path(path)
+    if path.suffix == ".npz":
+        if not path.is_file():
+            raise TinyDiTError(f"samples file {path} does not exist")
+        try:
+            with np.load(path, allow_pickle=False) as npz:
+                if "images" not in npz:
+                    raise TinyDiTError(f"{path} has no 'images' array (found {', '.join(npz.files) or 'none'}); "
+                                       "save the samples as images=(N, C, H, W) uint8")
+                return npz["images"], (npz["labels"] if "labels" in npz else None)
+        except (zipfile.BadZipFile, ValueError, OSError) as err:
+            raise TinyDiTError(f"{path} is not a readable .npz of arrays ({type(err).__name__}: {err})") from err
+    if not path.is_dir():
+        raise TinyDiTError(f"--samples {path}: pass an .npz file or a folder of images")
+    files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMG_EXTS)
+    if not files:
+        raise TinyDiTError(f"no images in {path}")
+    arrays = []
+    for p in files:
+        with Image.open(p) as img:  # palette or RGBA files become plain L or RGB pixels
+            arrays.append(np.asarray(img.convert("L" if img.mode in ("L", "I;16", "1") else "RGB")))
+    if len({a.shape for a in arrays}) > 1:
+        raise TinyDiTError(f"the images in {path} have different sizes or modes; give all samples one size")
+    images = np.stack(arrays)  # (N, H, W) or (N, H, W, 3)
+    labels = None
+    if classes:
+        lookup = {safe_name(c): i for i, c in enumerate(classes)}
+        names = [p.stem.partition("_")[2].lower() for p in files]
+        if all(n in lookup for n in names):
+            labels = np.array([lookup[n] for n in names], dtype=np.int64)
+    return images, labels
+
+
+def to_eval_images(images: np.ndarray | torch.Tensor, data: str | EvalSpec) -> torch.Tensor:
+    """Any accepted layout and dtype -> uint8 (N, C, S, S) at the data set's evaluation size.
+
+    uint8 means [0, 255]; floating point means the model range [-1, 1] and is quantised to uint8
+    first, exactly as a PNG of it would be. (N, H, W) and channels-last (N, H, W, C) are accepted.
+    """
+    spec = data if isinstance(data, EvalSpec) else eval_spec(data)
+    x = images if isinstance(images, torch.Tensor) else torch.as_tensor(np.asarray(images))
+    if x.dim() == 3:
+        x = x.unsqueeze(1)  # (N, H, W) -> (N, 1, H, W)
+    if x.dim() == 4 and x.shape[1] not in (1, 3) and x.shape[-1] in (1, 3):
+        x = x.permute(0, 3, 1, 2)  # (N, H, W, C) -> (N, C, H, W)
+    accepted = " or ".join(f"{c}x{s}x{s}" for c, s in spec.accepted)
+    if x.dim() != 4 or x.shape[2] != x.shape[3] or (x.shape[1], x.shape[2]) not in spec.accepted:
+        raise TinyDiTError(f"samples of shape {tuple(x.shape)} do not fit this reference: accepted sizes are "
+                           f"{accepted} (channels x height x width), as uint8 [0, 255] or float [-1, 1]")
+    if x.is_floating_point():
+        x = to_uint8(x)
+    elif x.dtype != torch.uint8:
+        raise TinyDiTError(f"samples have dtype {x.dtype}: use uint8 [0, 255] or float [-1, 1]")
+    if x.shape[2] != spec.size:
+        crop = (x.shape[2] - spec.size) // 2  # a padded copy: take the centre back out
+        x = x[:, :, crop : crop + spec.size, crop : crop + spec.size]
+    return x.contiguous()
+
+
+def reference_images(data: str, split: str, root: str | Path = "data") -> tuple[torch.Tensor, torch.Tensor]:
+    """uint8 (N, C, S, S) reference images and labels (N,) of a split."""
+    if split not in ("train", "test"):
+        raise TinyDiTError(f"unknown split {split!r}: use train or test")
+    spec = eval_spec(data)
+    if spec.key.startswith("folder-"):  # a folder is its own reference, all of it, whatever the split
+        root_dir = Path(canonical_name(data))
+        ds, _ = decode_folder(root_dir, folder_signature(root_dir))
+    else:
+        ds = load_dataset(data, train=split == "train", root=root, shapes_size=spec.reference_size)
+    return to_eval_images(ds.images, spec), ds.labels
+
+
+def reference_features(
+    data: str, split: str, extractor, cache_dir: str | Path | None = DEFAULT_CACHE, root: str | Path = "data"
+) -> tuple[torch.Tensor, dict]:
+    """Reference features, cached on disk under data set, split, feature network name and hash.
+
+    ``extractor`` is a callable (uint8 images -> features) with ``name`` and ``sha256`` attributes.
+    """
+    key = f"{eval_spec(data).key}-{split}-{extractor.name}-{extractor.sha256[:16]}"
+    cache = Path(cache_dir) / "reference" / f"{key}.pt" if cache_dir is not None else None
+    if cache is not None and cache.is_file():
+        try:
+            state = torch.load(cache, map_location="cpu", weights_only=True)
+            if state.get("key") == key:
+                return state["features"], {"cache": str(cache), "cache_hit": True}
+        except Exception:  # a damaged cache file is a miss, rewritten below
+            pass
+    images, _ = reference_images(data, split, root)
+    feats = extractor(images)
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        mu, sigma = feature_stats(feats)
+        with atomic_write(cache) as f:
+            torch.save({"key": key, "features": feats, "mu": mu, "sigma": sigma}, f)
+    return feats, {"cache": str(cache) if cache else None, "cache_hit": False}
+
+
+class _OfflineExtractor:
+    """A shipped feature network as a callable with a name and a hash, remembering its predictions."""
+
+    def __init__(self, name: str):
+        self.net, self.record = load_feature_net(name)
+        self.name, self.sha256 = name, self.record["sha256"]
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        feats, self.predictions = extract(self.net, images)
+        return feats
+
+
+def evaluate(
+    samples: np.ndarray | torch.Tensor,
+    labels: np.ndarray | torch.Tensor | None,
+    data: str,
+    split: str = "test",
+    root: str | Path = "data",
+    cache_dir: str | Path | None = DEFAULT_CACHE,
+    inception: bool = False,
+    inception_weights: str | Path | None = None,
+    kid_subsets: int = 100,
+    kid_subset_size: int = 1000,
+) -> dict:
+    """All metrics for ``samples`` against the ``split`` of ``data``, as a flat JSON-ready dict."""
+    started = time.perf_counter()
+    spec = eval_spec(data)
+    fake = to_eval_images(samples, spec)
+    if fake.shape[0] < MIN_SAMPLES:
+        raise TinyDiTError(f"{fake.shape[0]} samples are too few to evaluate; give at least {MIN_SAMPLES} "
+                           "(FID is only comparable at equal N, 10000 is customary)")
+    y = None
+    if labels is not None:
+        y = torch.as_tensor(np.asarray(labels), dtype=torch.int64).reshape(-1)  # (N,)
+        if y.shape[0] != fake.shape[0]:
+            raise TinyDiTError(f"{y.shape[0]} labels for {fake.shape[0]} samples; give one label per sample")
+    if spec.feature_net is None and not (inception or inception_weights):
+        raise TinyDiTError(f"no offline feature network for {data}: offline metrics exist for fashion-mnist and "
+                           "shapes; use --inception (or --inception-weights PATH) for Inception FID")
+    out: dict = {}
+    nets: dict = {}
+    if spec.feature_net is not None:
+        ex = _OfflineExtractor(spec.feature_net)
+        real, ref = reference_features(data, split, ex, cache_dir, root)
+        fake_feats = ex(fake)
+        tag = ex.name
+        gen = torch.Generator().manual_seed(0)  # precision/recall compare equal-sized sets
+        real_pr = real[torch.randperm(len(real), generator=gen)[: len(fake_feats)]]
+        precision, recall = precision_recall(real_pr, fake_feats)
+        kid_mean, kid_std = kid(real, fake_feats, subsets=kid_subsets, subset_size=kid_subset_size)
+        out.update({
+            f"fid_{tag}": frechet_distance(*feature_stats(real), *feature_stats(fake_feats)),
+            f"kid_{tag}_mean": kid_mean,
+            f"kid_{tag}_std": kid_std,
+            f"precision_{tag}": precision,
+            f"recall_{tag}": recall,
+        })  # fmt: skip
+        if y is not None:
+            out[f"class_consistency_{tag}"] = (ex.predictions == y).double().mean().item()
+        out["n_reference"] = int(real.shape[0])
+        nets[tag] = {"sha256": ex.sha256, "test_accuracy": ex.record.get("test_accuracy"), **ref}
+    if inception or inception_weights:
+        ex = InceptionFeatures(inception_weights)
+        real, ref = reference_features(data, split, ex, cache_dir, root)
+        out["fid_inception"] = frechet_distance(*feature_stats(real), *feature_stats(ex(fake)))
+        out["n_reference"] = int(real.shape[0])
+        nets["inception"] = {"sha256": ex.sha256, **ref}
+    out.update(n_samples=int(fake.shape[0]), data=canonical_name(data), split=split, feature_nets=nets,
+               eval_seconds=time.perf_counter() - started)  # fmt: skip
+    return out
+
+
+def eval_conditions(state: dict, n: int) -> tuple[torch.Tensor, torch.Tensor, list[dict] | None]:
+    """What n evaluation samples of a checkpoint are conditioned on: y (labels (n,), or caption ids
+    (n, L) for a text model), each sample's class (n,), and for a shapes text model its prompt's
+    attributes (for prompt adherence; else None).
+
+    Text prompts: for shapes every shape x colour x background combination in turn (``tinydit.eval.adherence``),
+    held-out ones included; for CIFAR-10 and Fashion-MNIST the class template ("a photo of a sneaker");
+    for an image folder the folder's name. So the samples stay class-balanced, as for class models.
+    """
+
+    classes, data = state["data"]["classes"], state["data"]["name"]
+    tokenizer = tokenizer_of(state)
+    if tokenizer is None:
+        labels = class_cycle(n, len(classes))
+        return labels, labels, None
+    attrs = None
+    if data == "shapes":
+        attrs = prompts_for(n)
+        captions = [caption(a) for a in attrs]
+        labels = torch.tensor([SHAPES.index(a["shape"]) for a in attrs])
+    else:
+        labels = class_cycle(n, len(classes))
+        if data in ("cifar10", "fashion-mnist"):
+            captions = class_captions(labels.tolist(), classes)
+        else:  # an image folder: the caption of images without a sidecar file (tinydit.data.datasets.folder_caption)
+            captions = [Path(classes[i]).name or Path(data).name for i in labels.tolist()]
+    return tokenizer.encode(captions, warn=False), labels, attrs
+
+
+def generate_for_eval(
+    checkpoint: str | Path,
+    n: int,
+    steps: int,
+    cfg_scale: float,
+    seed: int,
+    device: torch.device,
+    data: str | None,
+    *,
+    sampler: str = "euler",
+    **options,
+) -> tuple[torch.Tensor, torch.Tensor, str, list[str], dict]:
+    """n class-balanced samples from a checkpoint: images, labels, data set, classes, sampler info.
+
+    Generation runs in fp32 on every device (unlike ``tinydit sample``'s bf16 default where that is
+    faster), so scores compare across machines.
+
+    ``sampler`` and ``options`` (grid, shift, cfg_interval; rtol, atol) go to ``tinydit.flow.samplers.generate``;
+    the info records them in full, defaults included. For a text model trained on shapes the info also
+    holds the prompt-adherence scores of the samples (``adherence_*``, ``tinydit.eval.adherence``).
+    """
+
+    settings = sampler_settings(sampler, steps, cfg_scale, **options)  # checks them before any work
+    if n < 1:
+        raise TinyDiTError(f"--n must be >= 1, got {n}")
+    model, state = load_model(checkpoint, map_location=device)
+    warn_if_untrained_settings(state, sampler, steps, cfg_scale, options.get("grid") or "uniform")
+    trained_on = state["data"]["name"]
+    if data is not None and canonical_name(data) != trained_on:
+        raise TinyDiTError(f"{checkpoint} was trained on {trained_on}, not {data}; drop --data")
+    eval_spec(trained_on)
+    classes = state["data"]["classes"]
+    y, labels, attrs = eval_conditions(state, n)
+    started = time.perf_counter()
+    res = generate(model, y, steps=steps, cfg_scale=cfg_scale, seed=seed, sampler=sampler, **options)
+    info = {"nfe_per_image": res.nfe, "generation_seconds": time.perf_counter() - started,
+            "sampler": {**settings, "seed": seed}}  # fmt: skip
+    if attrs is not None:
+        holdout = parse_phrases(state["train_config"].get("holdout") or "")
+        info.update(flatten(score(res.x, attrs, holdout)), adherence_holdout=",".join(holdout) or "none")
+    return res.x, labels, trained_on, classes, info
+
+
+def blur(images: torch.Tensor, passes: int) -> torch.Tensor:
+    """uint8 (N, C, S, S) blurred by ``passes`` 3x3 box filters: a calibration degradation."""
+    import torch.nn.functional as F
+
+    x = images.float()
+    kernel = torch.ones(x.shape[1], 1, 3, 3) / 9  # (C, 1, 3, 3): one filter per channel
+    for _ in range(passes):
+        x = F.conv2d(F.pad(x, (1, 1, 1, 1), mode="replicate"), kernel, groups=x.shape[1])
+    return x.round().clamp(0, 255).to(torch.uint8)
+
+
+def add_noise(images: torch.Tensor, std: float, seed: int = 0) -> torch.Tensor:
+    """uint8 images plus Gaussian pixel noise of ``std`` (in 0-255 units): a calibration degradation."""
+    gen = torch.Generator().manual_seed(seed)
+    return (images.float() + std * torch.randn(images.shape, generator=gen)).round().clamp(0, 255).to(torch.uint8)

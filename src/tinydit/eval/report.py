@@ -1,0 +1,57 @@
+"""The evaluation report: ``metrics.json`` and ``report.md`` (the exact command, the metric table and a
+grid of samples, one row per class)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tinydit.files import write_text
+from tinydit.images import from_uint8, save_grid
+
+__all__ = ["class_grid", "write_report"]
+
+
+def class_grid(images: torch.Tensor, labels: torch.Tensor, n_classes: int, per_class: int = 10) -> torch.Tensor:
+    """uint8 samples (N, C, S, S) -> up to ``per_class`` images of each class in class order, as one
+    float batch in [-1, 1] (K, C, S, S); rows are padded with blank (white) images."""
+    rows = []
+    for c in range(n_classes):
+        row = from_uint8(images[labels == c][:per_class])  # (k, C, S, S), k <= per_class
+        blank = torch.ones(per_class - len(row), *images.shape[1:])
+        rows.append(torch.cat([row, blank]))
+    return torch.cat(rows)
+
+
+def write_report(
+    out_dir: Path,
+    metrics: dict,
+    command: str,
+    images: torch.Tensor | None = None,
+    labels: torch.Tensor | None = None,
+    classes: list[str] | None = None,
+) -> Path:
+    """Write metrics.json and report.md into ``out_dir``; ``images`` are the uint8 evaluation images."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_text(out_dir / "metrics.json", json.dumps({**metrics, "command": command}, indent=2) + "\n")
+    rows = [f"| {k} | {v:.5g} |" if isinstance(v, float) else f"| {k} | {v} |"
+            for k, v in metrics.items() if not isinstance(v, dict)]  # fmt: skip
+    lines = [f"# TinyDiT evaluation: {metrics['data']} ({metrics['split']} split)", "", "```", command, "```", "",
+             "| metric | value |", "|---|---|", *rows, ""]  # fmt: skip
+    if isinstance(metrics.get("sampler"), dict):
+        settings = ", ".join(f"{k} {v}" for k, v in metrics["sampler"].items() if v is not None)
+        lines += [f"- sampler: {settings}"]
+    for name, net in metrics.get("feature_nets", {}).items():
+        what = "standard FID Inception" if name == "inception" else "offline feature network, not Inception"
+        acc = f", test accuracy {net['test_accuracy']}" if net.get("test_accuracy") is not None else ""
+        lines.append(f"- `{name}`: {what} (weights `{str(net['sha256'])[:16]}`{acc})")
+    if images is not None and labels is not None and classes:
+        grid = class_grid(images, torch.as_tensor(np.asarray(labels)), len(classes))
+        save_grid(grid, out_dir / "samples_by_class.png", nrow=10)
+        lines += ["", f"Samples, one row per class ({', '.join(classes)}):", "", "![samples](samples_by_class.png)"]
+    path = out_dir / "report.md"
+    write_text(path, "\n".join(lines) + "\n")
+    return path

@@ -1,0 +1,192 @@
+"""``tinydit sweep``: sample quality against the number of model evaluations, for one checkpoint.
+
+For every combination of sampler, step count (for the adaptive ``dopri5``: tolerance, rtol = atol,
+instead) and guidance scale, the same N class-balanced samples (same labels, same seed, so the same
+noise) are generated and scored with the offline metrics of ``tinydit.eval.evaluate``. The output folder
+holds
+
+    sweep.csv    one row per combination: settings, model evaluations per image (nfe), metrics, time
+    sweep.md     the same table, the command and the settings
+    sweep.json   the settings and every metric of every row
+    sweep.png    FID against nfe (log scale), one line per sampler and guidance scale
+
+and is rewritten after each combination. Re-running the same command continues a sweep: rows already
+in ``sweep.json`` for the same checkpoint (and step) and settings are kept, not recomputed.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from tinydit.config import SAMPLER_NAMES
+from tinydit.errors import TinyDiTError
+from tinydit.eval.evaluate import DEFAULT_CACHE, eval_conditions, eval_spec, evaluate
+from tinydit.eval.metrics import MIN_SAMPLES
+from tinydit.eval.plot import MARKERS, line_plot
+from tinydit.files import ensure_writable_dir, write_text
+from tinydit.flow.generate import generate, sampler_settings
+from tinydit.models.checkpoint import load_model
+
+__all__ = ["sweep_points", "run_sweep", "write_sweep", "DOPRI5_FIRST_STEPS"]
+
+DOPRI5_FIRST_STEPS = 16  # dopri5's first trial step is 1/16; it adapts from there
+# the table's columns; {net} stands for the feature network's name, as in `tinydit eval`'s metrics
+COLUMNS = ("sampler", "steps", "tol", "cfg", "nfe", "fid_{net}", "kid_{net}_mean", "precision_{net}", "recall_{net}",
+           "class_consistency_{net}", "sample_seconds")  # fmt: skip
+
+
+def sweep_points(samplers: list[str], steps: list[int], cfgs: list[float], tols: list[float]) -> list[dict]:
+    """The combinations, in table order: {sampler, steps, tol, cfg}; dopri5 runs over ``tols`` instead of steps."""
+    if any(not tol > 0 for tol in tols):
+        raise TinyDiTError(f"--tols must be positive numbers such as 1e-2,1e-3, got {','.join(map(str, tols))}")
+    points = []
+    for name in dict.fromkeys(samplers):  # in the given order, each once
+        if name not in SAMPLER_NAMES:
+            raise TinyDiTError(f"unknown sampler {name!r} in --samplers: use some of {', '.join(SAMPLER_NAMES)}")
+        for cfg in dict.fromkeys(cfgs):
+            if name == "dopri5":
+                points += [{"sampler": name, "steps": None, "tol": tol, "cfg": cfg} for tol in dict.fromkeys(tols)]
+            else:
+                points += [{"sampler": name, "steps": s, "tol": None, "cfg": cfg} for s in dict.fromkeys(steps)]
+    return points
+
+
+def _sampler_kwargs(point: dict, options: dict) -> dict:
+    """The keywords of ``generate`` for one combination."""
+    kwargs = {"steps": point["steps"] or DOPRI5_FIRST_STEPS, "cfg_scale": point["cfg"], "sampler": point["sampler"],
+              **options}  # fmt: skip
+    if point["tol"] is not None:
+        kwargs.update(rtol=point["tol"], atol=point["tol"])
+    return kwargs
+
+
+def _settings_of(kwargs: dict) -> dict:
+    """The full, checked sampler settings of ``generate`` keywords."""
+    rest = {k: v for k, v in kwargs.items() if k not in ("sampler", "steps", "cfg_scale")}
+    return sampler_settings(kwargs["sampler"], kwargs["steps"], kwargs["cfg_scale"], **rest)
+
+
+def run_sweep(
+    checkpoint: str | Path,
+    out: str | Path,
+    samplers: list[str],
+    steps: list[int],
+    cfgs: list[float],
+    tols: list[float] = (1e-2, 1e-3),
+    n: int = 1000,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+    grid: str = "uniform",
+    shift: float | None = None,
+    cfg_interval: tuple[float, float] | None = None,
+    split: str = "test",
+    root: str | Path = "data",
+    cache_dir: str | Path | None = DEFAULT_CACHE,
+    batch_size: int = 256,
+    ema: bool = True,
+    progress: bool = True,
+    command: str | None = None,
+) -> list[dict]:
+    """Generate and score every combination (see the module docstring); returns the rows."""
+
+    options = {"grid": grid, "shift": shift, "cfg_interval": cfg_interval}
+    points = sweep_points(samplers, steps, cfgs, tols)
+    for point in points:  # every setting is checked before the first sample is drawn
+        _settings_of(_sampler_kwargs(point, options))
+    if n < MIN_SAMPLES:
+        raise TinyDiTError(f"--n {n} is too few samples to score; give at least {MIN_SAMPLES} (1000 or more "
+                           "for FIDs that differ by more than their noise)")  # fmt: skip
+    out = Path(out)
+    ensure_writable_dir(out)
+    model, state = load_model(checkpoint, ema=ema, map_location=device)
+    data = state["data"]["name"]
+    if eval_spec(data).feature_net is None:
+        raise TinyDiTError(f"{checkpoint} was trained on {data}, which has no offline feature network; "
+                           "tinydit sweep scores with the offline metrics (fashion-mnist and shapes)")  # fmt: skip
+    settings = {"checkpoint": str(Path(checkpoint).resolve()), "checkpoint_step": state.get("step"), "ema": ema,
+                "data": data, "split": split, "n": n, "seed": seed, "grid": grid, "shift": shift,
+                "cfg_interval": list(cfg_interval) if cfg_interval is not None else None}  # fmt: skip
+    done = _previous_rows(out / "sweep.json", settings)
+    reused = sum(json.dumps(p, sort_keys=True) in done for p in points)
+    if reused:
+        print(f"continuing the sweep in {out}: {reused} of {len(points)} settings are done", file=sys.stderr)
+    y, labels, _ = eval_conditions(state, n)  # labels, or prompts for a text model
+    rows: list[dict] = []
+    bar = tqdm(points, desc="sweep", unit="setting", disable=not progress, file=sys.stderr, dynamic_ncols=True)
+    for point in bar:
+        key = json.dumps(point, sort_keys=True)
+        bar.set_postfix_str(f"{point['sampler']} steps {point['steps'] or '-'} tol {point['tol'] or '-'} "
+                            f"cfg {point['cfg']:g}")  # fmt: skip
+        if key in done:
+            rows.append(done[key])
+            continue
+        kwargs = _sampler_kwargs(point, options)
+        started = time.perf_counter()
+        res = generate(model, y, seed=seed, batch_size=batch_size, **kwargs)
+        seconds = time.perf_counter() - started
+        metrics = evaluate(res.x, labels, data, split=split, root=root, cache_dir=cache_dir)
+        scores = {k: v for k, v in metrics.items() if not isinstance(v, dict)}
+        rows.append({**point, "nfe": res.nfe, **scores, "sample_seconds": seconds,
+                     "feature_net": next(iter(metrics["feature_nets"])),
+                     "sampler_settings": _settings_of(kwargs)})  # fmt: skip
+        write_sweep(out, settings, rows, command)
+    write_sweep(out, settings, rows, command)
+    return rows
+
+
+def _previous_rows(path: Path, settings: dict) -> dict[str, dict]:
+    """Rows of an earlier run of the same sweep, keyed by their combination; none if anything differs."""
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if old.get("settings") != settings:
+        return {}
+    return {json.dumps({k: r[k] for k in ("sampler", "steps", "tol", "cfg")}, sort_keys=True): r
+            for r in old.get("rows", [])}  # fmt: skip
+
+
+def _cell(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def write_sweep(out: Path, settings: dict, rows: list[dict], command: str | None = None) -> None:
+    """sweep.json, sweep.csv, sweep.md and sweep.png from the rows so far."""
+    net = rows[0]["feature_net"] if rows else eval_spec(settings["data"]).feature_net
+    columns, fid = [c.format(net=net) for c in COLUMNS], f"fid_{net}"
+    write_text(out / "sweep.json", json.dumps({"settings": settings, "command": command, "rows": rows},
+                                                indent=2) + "\n")  # fmt: skip
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(columns)
+    writer.writerows([["" if r.get(c) is None else r.get(c) for c in columns] for r in rows])
+    write_text(out / "sweep.csv", buf.getvalue())
+    shown = ", ".join(f"{k} {v}" for k, v in settings.items() if v is not None)
+    lines = ["# TinyDiT sampler sweep", "", *(["```", command, "```", ""] if command else []), shown, "",
+             "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
+             *("| " + " | ".join(_cell(r.get(c)) for c in columns) + " |" for r in rows), "",
+             "nfe: model evaluations per image (a guided velocity costs 2); tol: dopri5's rtol = atol.", "",
+             f"![{fid} against nfe](sweep.png)"]  # fmt: skip
+    write_text(out / "sweep.md", "\n".join(lines) + "\n")
+    series, markers = [], []
+    for name in dict.fromkeys(r["sampler"] for r in rows):
+        for cfg in dict.fromkeys(r["cfg"] for r in rows if r["sampler"] == name):
+            # by nfe: with a guidance interval more steps can cost fewer evaluations (11 steps: 20, 10: 21)
+            sel = sorted((r for r in rows if r["sampler"] == name and r["cfg"] == cfg), key=lambda r: r["nfe"])
+            series.append((f"{name}, cfg {cfg:g}", [r["nfe"] for r in sel], [r[fid] for r in sel]))
+            markers.append(MARKERS[SAMPLER_NAMES.index(name) % len(MARKERS)])
+    line_plot(series, out / "sweep.png", markers=markers, xlabel="model evaluations per image", ylabel=fid,
+              title=f"{settings['data']} ({settings['split']} split), n = {settings['n']}: "
+                    f"{fid} against model evaluations")  # fmt: skip

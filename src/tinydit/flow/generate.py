@@ -1,0 +1,76 @@
+"""Seeded, batched generation: the noise of every image drawn up front, so that image i does not depend
+on the batch size; the complete settings of a sampling run, for reports."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tinydit.config import check_sampler_args
+from tinydit.errors import TinyDiTError
+from tinydit.flow.grids import DEFAULT_SHIFT
+from tinydit.flow.samplers import _UNCHECKED, DEFAULT_ETA, DEFAULT_TOL, SampleResult
+
+__all__ = ["class_cycle", "generate", "sampler_settings"]
+
+
+def class_cycle(n: int, n_classes: int, device: str | torch.device = "cpu") -> torch.Tensor:
+    """Labels 0, 1, ..., n_classes-1, 0, 1, ... so any n is as class-balanced as it can be: (n,)."""
+    return torch.arange(n, device=device) % n_classes
+
+
+@torch.no_grad()
+def generate(
+    model: nn.Module,
+    y: torch.Tensor,
+    steps: int = 32,
+    cfg_scale: float = 1.0,
+    seed: int = 0,
+    batch_size: int = 256,
+    *,
+    sampler: str = "euler",
+    **options,
+) -> SampleResult:
+    """Samples for labels y (N,) or caption ids (N, L), in batches, with the sampler called ``sampler``
+    and its ``options``.
+
+    The noise for all N images is drawn first from one generator seeded with ``seed``, so with a
+    fixed-step sampler image i does not depend on the batch size, and the same seed gives the same
+    images on the same device. The ancestral sampler draws its fresh noise from the same generator,
+    batch after batch, so its images depend on the batch size too. ``nfe`` is per image; dopri5 may take
+    a different number in each batch, and then it is the average over all images.
+    """
+    check_sampler_args(steps, cfg_scale, sampler, **options)  # once, for every batch below
+    if len(y) < 1:
+        raise TinyDiTError("nothing to sample: ask for at least one image (n >= 1)")
+    cfg = model.config
+    device = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(seed)
+    noise = torch.randn(len(y), cfg.in_channels, cfg.img_size, cfg.img_size, generator=gen)  # on the CPU
+    extra = {"generator": gen} if sampler == "ancestral" else {}  # its fresh noise: the same stream, on
+    options = {k: v for k, v in options.items() if v is not None}  # None: the sampler's default
+    run = _UNCHECKED[sampler]
+    out, evals = [], 0
+    for i in range(0, len(y), batch_size):
+        x1, yb = noise[i : i + batch_size].to(device), y[i : i + batch_size].to(device)
+        res = run(model, x1, yb, steps, cfg_scale, **options, **extra)
+        out.append(res.x.cpu())
+        evals += res.nfe * len(yb)
+    nfe = evals // len(y) if evals % len(y) == 0 else evals / len(y)
+    return SampleResult(torch.cat(out), nfe)
+
+
+def sampler_settings(name: str, steps: int, cfg_scale: float, **options) -> dict:
+    """The complete settings of a sampling run as a JSON-ready dict, defaults filled in (for reports)."""
+    options = {k: v for k, v in options.items() if v is not None}
+    check_sampler_args(steps, cfg_scale, name, **options)
+    grid = options.get("grid", "uniform")
+    interval = options.get("cfg_interval")
+    out = {"name": name, "steps": steps, "cfg": cfg_scale, "grid": grid,
+           "shift": options.get("shift", DEFAULT_SHIFT) if grid == "shifted" else None,
+           "cfg_interval": [float(v) for v in interval] if interval is not None else None}  # fmt: skip
+    if name == "dopri5":
+        out.update(rtol=options.get("rtol", DEFAULT_TOL), atol=options.get("atol", DEFAULT_TOL))
+    if name == "ancestral":
+        out.update(eta=options.get("eta", DEFAULT_ETA))
+    return out

@@ -1,0 +1,79 @@
+"""Reading checkpoints: plain state dicts, loaded with ``weights_only=True`` and checked (the trainer
+writes them, ``tinydit.train.checkpoint``).
+
+One file holds everything needed to sample from a run or to continue it exactly:
+
+    format, format_version, tinydit_version
+    model_type ("dit" or "mmdit"; absent in older checkpoints: "dit")
+    model_config (dict), train_config (dict), data (name, classes, channels, img_size)
+    tokenizer (text models only: its word list and L, ``tinydit.data.text.Tokenizer.to_dict``)
+    model, ema, optimizer (state dicts), step, train_seconds, rng (torch CPU / CUDA states)
+
+They are written through ``tinydit.files.atomic_write``, so an interrupted save never leaves a
+half-written checkpoint and never loses the previous one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from tinydit import __version__
+from tinydit.errors import TinyDiTError
+from tinydit.models.dit import DiT
+from tinydit.models.registry import build_model, config_from_dict
+
+__all__ = ["FORMAT", "FORMAT_VERSION", "load_checkpoint", "load_model", "unwrap"]
+
+FORMAT = "tinydit-checkpoint"
+FORMAT_VERSION = 1
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain module under torch.compile / DDP wrappers: checkpoints are saved from it."""
+    model = getattr(model, "_orig_mod", model)
+    return getattr(model, "module", model)
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
+    """Read and validate a TinyDiT checkpoint; a clear ``TinyDiTError`` for anything else."""
+    path = Path(path)
+    if not path.is_file():
+        raise TinyDiTError(f"checkpoint {path} does not exist; pass the checkpoint.pt of a training run")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as err:
+        raise TinyDiTError(
+            f"{path} is not a readable TinyDiT checkpoint ({type(err).__name__}); "
+            "pass a checkpoint.pt written by `tinydit train`"
+        ) from err
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise TinyDiTError(f"{path} is not a TinyDiT checkpoint; pass a checkpoint.pt written by `tinydit train`")
+    version = state.get("format_version")
+    if version != FORMAT_VERSION:
+        raise TinyDiTError(
+            f"{path} has checkpoint format version {version}, this tinydit {__version__} reads version "
+            f"{FORMAT_VERSION}; use the tinydit release that wrote it"
+        )
+    return state
+
+
+def load_model(
+    state_or_path: dict | str | Path, ema: bool = True, map_location: str | torch.device = "cpu"
+) -> tuple[DiT, dict]:
+    """The checkpoint's model (a DiT or an MMDiT) with its (EMA by default) weights, in eval mode, and the
+    checkpoint dict. A text model's tokenizer is ``tokenizer_of(state)``."""
+    state = state_or_path if isinstance(state_or_path, dict) else load_checkpoint(state_or_path, map_location)
+    kind = state.get("model_type", "dit")
+    model = build_model(kind, config_from_dict(kind, state["model_config"]))
+    weights = state["ema"] if ema and state.get("ema") is not None else state["model"]
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as err:
+        raise TinyDiTError(
+            f"the checkpoint's weights do not fit its model config ({str(err).splitlines()[0]}); "
+            "the file is damaged or was edited"
+        ) from err
+    return model.to(map_location).eval(), state

@@ -1,0 +1,362 @@
+"""The Diffusion Transformer (DiT; Peebles & Xie 2023, "Scalable Diffusion Models with Transformers").
+
+Architecture only: the model maps a noisy image, a time and a class label (or a caption) to a
+velocity shaped like the image. The loss lives in ``tinydit.flow.path``, guidance in ``tinydit.flow.samplers``,
+optimisation and EMA in ``tinydit.train.trainer``.
+
+    x (N, C, H, W) --patchify--> (N, T, D) + 2-D sin-cos positions (or 2-D RoPE inside attention)
+    c = time_embed(t) + label_embed(y)                         (N, D)
+      (cond="text": c = time_embed(t) + pooled_embed(TextEncoder(y).pooled), y caption ids (N, L))
+    depth x DiTBlock(x, c)   with adaLN-Zero modulation from c
+    FinalLayer --unpatchify--> v (N, C, H, W)
+
+The text-conditioned DiT sees its caption only through the pooled vector in c: the baseline of the
+two-stream MMDiT (``tinydit.models.mmdit``), which builds on the pieces of this module.
+
+Switches from the post-2023 literature, each a ``DiTConfig`` field (see docs/ablation.md for what each
+one measured on Fashion-MNIST):
+    norm="rmsnorm"   RMSNorm (Zhang & Sennrich 2019) instead of LayerNorm in the blocks
+    qk_norm=True     RMS-normalise queries and keys per head (Dehghani et al. 2023; SD3)
+    mlp="swiglu"     gated SiLU MLP (Shazeer 2020) at the same parameter count as the GELU MLP
+    pos="rope"       2-D axial rotary positions (Su et al. 2021; Heo et al. 2024) instead of sin-cos
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+import torch
+from torch import nn
+
+from tinydit.config import CONDS, DEFAULT_PRESETS, MLPS, MODEL_PRESETS, NORMS, POSITIONS, PREDICTIONS
+from tinydit.errors import TinyDiTError
+from tinydit.models.layers import (
+    AdaLN,
+    Attention,
+    FinalLayer,
+    TimestepEmbedder,
+    make_mlp,
+    make_norm,
+    norm_modulate,
+    rope_2d,
+    sincos_2d,
+)
+from tinydit.models.text_encoder import TextEncoder
+from tinydit.tokens import empty_like
+
+__all__ = ["DiTConfig", "DiT", "DiTBlock", "PRESETS", "DEFAULT_PRESET", "SWITCHES", "ORIGINAL_BLOCK", "CONDS",
+           "get_preset", "count_params"]  # fmt: skip
+
+X_PRED_T_MIN = 0.05  # x-prediction divides by t; below this t the division is clipped (JiT, Li & He 2025)
+
+
+@dataclass(frozen=True)
+class DiTConfig:
+    """Everything needed to rebuild a DiT; stored in every checkpoint."""
+
+    img_size: int = 32  # H = W of the images the model sees
+    in_channels: int = 3  # C: 3 for RGB, 1 for grayscale
+    patch_size: int = 4  # p: each p x p patch becomes one token, T = (img_size / p) ** 2
+    dim: int = 256  # D: token width
+    depth: int = 6  # number of DiT blocks
+    n_heads: int = 4  # attention heads; dim must divide evenly
+    mlp_ratio: float = 4.0  # MLP hidden width = mlp_ratio * dim
+    n_classes: int = 10  # class labels 0..n_classes-1; id n_classes is the "null" label for guidance
+    norm: str = "layernorm"  # block norms: layernorm | rmsnorm (both without affine: adaLN scales them)
+    qk_norm: bool = False  # RMS-normalise q and k per head before the dot product
+    mlp: str = "gelu"  # gelu (exact erf form) | swiglu (hidden width 2/3 of GELU's, same params)
+    pos: str = "sincos"  # sincos: fixed 2-D sin-cos added to the tokens | rope: 2-D axial RoPE on q and k
+    shortcut: bool = False  # also condition on the step size d, for few-step sampling (tinydit.flow.shortcut)
+    # What the network outputs: v (the velocity itself) | x (the clean image; v derived from it) | auto
+    # (resolved at construction: x for RGB data, v for grayscale; see PRESETS).
+    pred: str = "v"
+    cond: str = "class"  # class: y is a label (N,) | text: y is caption token ids (N, L) (tinydit.data.text)
+    vocab_size: int = 0  # text: the tokenizer's vocabulary, special tokens included (set from the data)
+    text_len: int = 0  # text: L, token ids per caption: BOS + the longest training caption (set from the data)
+    text_depth: int = 2  # text: transformer layers of the text encoder (width dim, n_heads heads, same MLP)
+
+    def __post_init__(self):
+        for name in ("img_size", "in_channels", "patch_size", "dim", "depth", "n_heads", "n_classes"):
+            if getattr(self, name) < 1:
+                raise TinyDiTError(f"DiTConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.img_size % self.patch_size:
+            raise TinyDiTError(
+                f"patch_size {self.patch_size} does not divide img_size {self.img_size}; pick a divisor"
+            )
+        if self.dim % self.n_heads:
+            raise TinyDiTError(f"dim {self.dim} is not divisible by n_heads {self.n_heads}")
+        if self.dim % 4:
+            raise TinyDiTError(f"dim {self.dim} must be divisible by 4 for the 2-D sin-cos positions")
+        if self.mlp_ratio <= 0:
+            raise TinyDiTError(f"mlp_ratio must be > 0, got {self.mlp_ratio}")
+        if self.pred == "auto":  # frozen dataclass: set the resolved value once, here
+            object.__setattr__(self, "pred", "x" if self.in_channels > 1 else "v")
+        for name, allowed in (("norm", NORMS), ("mlp", MLPS), ("pos", POSITIONS), ("pred", PREDICTIONS)):
+            if getattr(self, name) not in allowed:
+                raise TinyDiTError(f"DiTConfig.{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        if self.pos == "rope" and self.head_dim % 4:
+            raise TinyDiTError(f"2-D RoPE needs a head dim divisible by 4 (dim / n_heads), got {self.head_dim}")
+        if self.cond not in CONDS:
+            raise TinyDiTError(f"DiTConfig.cond must be one of {', '.join(CONDS)}, got {self.cond!r}")
+        if self.cond == "text":
+            if self.vocab_size < 4 or self.text_len < 1:
+                raise TinyDiTError(
+                    f"a text-conditioned model needs vocab_size >= 4 and text_len >= 1 (got {self.vocab_size} and "
+                    f"{self.text_len}): take both from the tokenizer (Tokenizer.vocab_size, Tokenizer.max_len)"
+                )
+            if self.text_depth < 0:
+                raise TinyDiTError(f"DiTConfig.text_depth must be >= 0, got {self.text_depth}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def grid_size(self) -> int:
+        return self.img_size // self.patch_size
+
+    @property
+    def n_tokens(self) -> int:
+        return self.grid_size**2
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> DiTConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise TinyDiTError(f"unknown DiT config keys {sorted(unknown)}: written by a newer tinydit?")
+        return cls(**d)
+
+
+PRESETS = MODEL_PRESETS["dit"]  # the table lives with the configs (tinydit.config)
+DEFAULT_PRESET = DEFAULT_PRESETS["dit"]
+
+# The architecture switches one at a time and all together, each spelled out in full so that it means
+# the same on top of any preset (benchmarks/bench_train.py --switches, benchmarks/ablation.py, tests).
+ORIGINAL_BLOCK = dict(norm="layernorm", qk_norm=False, mlp="gelu", pos="sincos", pred="v")  # DiT as published
+SWITCHES: dict[str, dict] = {
+    "baseline": ORIGINAL_BLOCK,
+    "rmsnorm": {**ORIGINAL_BLOCK, "norm": "rmsnorm"},
+    "qk_norm": {**ORIGINAL_BLOCK, "qk_norm": True},
+    "swiglu": {**ORIGINAL_BLOCK, "mlp": "swiglu"},
+    "rope": {**ORIGINAL_BLOCK, "pos": "rope"},
+    "all four": dict(norm="rmsnorm", qk_norm=True, mlp="swiglu", pos="rope", pred="v"),
+    "x_pred": {**ORIGINAL_BLOCK, "pred": "x"},  # the network outputs the clean image (JiT)
+    "swiglu+x_pred": {**ORIGINAL_BLOCK, "mlp": "swiglu", "pred": "x"},  # dit-1.9m on RGB data
+}
+
+
+def get_preset(name: str, **data) -> DiTConfig:
+    """The preset's config, completed with the data's ``img_size``, ``in_channels`` and ``n_classes``."""
+    if name not in PRESETS:
+        raise TinyDiTError(f"unknown preset {name!r}: use one of {', '.join(PRESETS)} (see `tinydit presets`)")
+    return DiTConfig(**{**PRESETS[name], **data})  # in one go: pred="auto" is resolved for the data's channels
+
+
+def count_params(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+class DiTBlock(nn.Module):
+    """Pre-norm transformer block whose norms are modulated by c (adaLN-Zero, DiT section 3.2).
+
+    The six modulation vectors (shift, scale, gate for attention and MLP) start at zero, so every
+    block starts as the identity and the residual stream passes through untouched.
+    """
+
+    def __init__(self, config: DiTConfig):
+        super().__init__()
+        dim = config.dim
+        self.norm1 = make_norm(config.norm, dim)
+        self.attn = Attention(dim, config.n_heads, config.qk_norm)
+        self.norm2 = make_norm(config.norm, dim)
+        self.mlp = make_mlp(config.mlp, dim, config.mlp_ratio)
+        self.adaLN = AdaLN(dim, 6)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        c: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        attn_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """x (N, T, D), c (N, D) -> (N, T, D). attn_mask: bool (N, 1, 1, T), True = may attend (MMDiT's
+        single-stream blocks mask the caption's padding)."""
+        shift1, scale1, gate1, shift2, scale2, gate2 = self.adaLN(c).chunk(6, dim=1)  # 6 x (N, D)
+        # Gated residuals, each as one fused pass: x + gate * branch.
+        attn = self.attn(norm_modulate(self.norm1, x, shift1, scale1), rope, attn_mask)
+        x = torch.addcmul(x, gate1.unsqueeze(1), attn)
+        x = torch.addcmul(x, gate2.unsqueeze(1), self.mlp(norm_modulate(self.norm2, x, shift2, scale2)))
+        return x
+
+
+class DiT(nn.Module):
+    """DiT predicting the flow-matching velocity, conditioned on a class label or on a caption.
+
+    forward(x, t, y):
+        x: (N, C, H, W) noisy images,  t: (N,) times in [0, 1],
+        y: class models (``cond="class"``): (N,) int64 labels in [0, n_classes]; ``y == n_classes`` is the
+           unconditional "null" label;
+           text models (``cond="text"``): (N, L) int64 caption token ids from ``tinydit.data.text.Tokenizer``;
+           the empty caption (BOS, then padding) is the unconditional input. A text DiT sees the caption
+           only through its pooled vector, added to c (the baseline that ``tinydit.models.mmdit`` is measured
+           against); ``y=None`` is the unconditional input of either kind.
+        returns v: (N, C, H, W)
+    """
+
+    def __init__(self, config: DiTConfig):
+        super().__init__()
+        self.config = config
+        self.patch_embed = nn.Conv2d(config.in_channels, config.dim, kernel_size=config.patch_size, stride=config.patch_size)
+        if config.pos == "sincos":
+            self.register_buffer("pos_embed", sincos_2d(config.dim, config.grid_size).unsqueeze(0), persistent=False)
+        else:
+            self.pos_embed = None
+            cos, sin = rope_2d(config.head_dim, config.grid_size)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self.t_embed = TimestepEmbedder(config.dim)
+        if config.cond == "class":
+            self.y_embed = nn.Embedding(config.n_classes + 1, config.dim)  # the last row is the null label
+        else:
+            self.text = TextEncoder(config.vocab_size, config.text_len, config.dim, config.text_depth, config.n_heads, config.mlp,
+                                    config.mlp_ratio)  # fmt: skip
+            # The pooled caption joins c like SD3's pooled CLIP vector: through a small MLP (SD3 fig. 2).
+            self.pooled_embed = nn.Sequential(nn.Linear(config.dim, config.dim), nn.SiLU(), nn.Linear(config.dim, config.dim))
+        # Shortcut models (Frans et al. 2024) see the step size d the sampler will take; d = 0 asks for
+        # the instantaneous velocity, so with d = 0 the model is an ordinary flow model.
+        self.d_embed = TimestepEmbedder(config.dim) if config.shortcut else None
+        self.build_blocks(config)
+        self.final = FinalLayer(config.dim, config.patch_size**2 * config.in_channels, config.norm)
+        self.reset_parameters()
+
+    def build_blocks(self, config: DiTConfig) -> None:
+        """The transformer trunk between the embeddings and the final layer (MMDiT builds its own)."""
+        self.blocks = nn.ModuleList(DiTBlock(config) for _ in range(config.depth))
+
+    @property
+    def null_class(self) -> int:
+        return self.config.n_classes
+
+    def null_condition(self, y: torch.Tensor) -> torch.Tensor:
+        """The unconditional input shaped like y, for guidance: the null label (N,) or the empty caption (N, L)."""
+        if self.config.cond == "text":
+            return empty_like(y)
+        return torch.full_like(y, self.null_class)
+
+    def reset_parameters(self) -> None:
+        """All initialisation in one place (DiT): Xavier linears, zeroed adaLN and output layers."""
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.xavier_uniform_(m.weight)
+                nn.init.zeros_(m.bias)
+        w = self.patch_embed.weight
+        nn.init.xavier_uniform_(w.view(w.shape[0], -1))  # like a Linear over flattened patches
+        nn.init.zeros_(self.patch_embed.bias)
+        if self.config.cond == "class":
+            nn.init.normal_(self.y_embed.weight, std=0.02)
+        else:
+            nn.init.normal_(self.text.tok_embed.weight, std=0.02)
+            nn.init.normal_(self.text.pos_embed, std=0.02)
+        for layer in (self.t_embed.mlp[0], self.t_embed.mlp[2]):
+            nn.init.normal_(layer.weight, std=0.02)
+        if self.d_embed is not None:  # starts at zero: the step size only matters once it is learned
+            nn.init.normal_(self.d_embed.mlp[0].weight, std=0.02)
+            nn.init.zeros_(self.d_embed.mlp[2].weight)
+        for m in self.modules():  # adaLN-Zero: every block (and the final layer) starts as the identity
+            if isinstance(m, AdaLN):
+                nn.init.zeros_(m[-1].weight)
+                nn.init.zeros_(m[-1].bias)
+        nn.init.zeros_(self.final.linear.weight)  # the model predicts exactly zero at initialisation
+        nn.init.zeros_(self.final.linear.bias)
+
+    def token_params(self) -> int:
+        """Weights of the linear maps applied to every token (patch embedding, QKV, projections, MLPs,
+        output); the per-image conditioning MLPs and the text encoder are left out, as in nanoGPT's and
+        PaLM's FLOP counts."""
+        per_token = [self.patch_embed, self.final.linear]
+        for block in self.blocks:
+            per_token += [block.attn.qkv, block.attn.proj, block.mlp.fc1, block.mlp.fc2]
+        return sum(m.weight.numel() for m in per_token)
+
+    def flops_per_image(self) -> int:
+        """Forward FLOPs per image: 2 P T for the token matmuls plus 4 depth T^2 D for attention
+        (scores and weighted sum). A training step costs about 3x this (backward = 2x forward)."""
+        config = self.config
+        return 2 * self.token_params() * config.n_tokens + 4 * config.depth * config.n_tokens**2 * config.dim
+
+    def patchify(self, x: torch.Tensor) -> torch.Tensor:
+        # Made contiguous once here: a transposed view would hand its layout on to every residual
+        # addition after it, and each norm would copy the tokens to read them (dit-1.9m: 1.02-1.04x a
+        # fp32 and 1.08x a bf16 CPU training step, raced in one process).
+        return self.patch_embed(x).flatten(2).transpose(1, 2).contiguous()  # (N, D, g, g) -> (N, T, D)
+
+    def unpatchify(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, T, p*p*C) -> (N, C, H, W), the inverse of cutting the image into row-major patches."""
+        n, p, c, g = x.shape[0], self.config.patch_size, self.config.in_channels, self.config.grid_size
+        x = x.reshape(n, g, g, p, p, c)  # (N, gh, gw, ph, pw, C)
+        x = x.permute(0, 5, 1, 3, 2, 4)  # (N, C, gh, ph, gw, pw)
+        return x.reshape(n, c, g * p, g * p)  # (N, C, H, W)
+
+    def embed_image(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """x (N, C, H, W) -> tokens (N, T, D) with their positions, and the RoPE angles (or None)."""
+        config = self.config
+        if x.shape[1:] != (config.in_channels, config.img_size, config.img_size):
+            raise TinyDiTError(
+                f"this model takes images of shape (N, {config.in_channels}, {config.img_size}, {config.img_size}), "
+                f"got {tuple(x.shape)}"
+            )
+        tokens = self.patchify(x)  # (N, T, D)
+        if self.pos_embed is not None:
+            return tokens + self.pos_embed, None
+        return tokens, (self.rope_cos, self.rope_sin)
+
+    def condition(
+        self, t: torch.Tensor, y: torch.Tensor | None, d: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """c (N, D) from t (N,), y and d (N,); text models also return the caption's tokens ctx (N, L, D)
+        and keep (N, L), True where a token is not padding (class models: None, None)."""
+        config = self.config
+        if y is None:
+            shape = (t.shape[0], config.text_len) if config.cond == "text" else (t.shape[0],)
+            y = self.null_condition(torch.zeros(shape, dtype=torch.long, device=t.device))
+        want = 2 if config.cond == "text" else 1
+        if y.dim() != want:
+            what = "caption token ids (N, L) from its tokenizer" if want == 2 else "class labels (N,)"
+            raise TinyDiTError(f"this {config.cond}-conditioned model takes y as {what}, got shape {tuple(y.shape)}")
+        ctx = keep = None
+        if config.cond == "class":
+            c = self.t_embed(t) + self.y_embed(y)  # (N, D)
+        else:
+            ctx, pooled, keep = self.text(y)  # (N, L, D), (N, D), (N, L)
+            c = self.t_embed(t) + self.pooled_embed(pooled)  # (N, D)
+        if self.d_embed is not None:
+            c = c + self.d_embed(torch.zeros_like(t) if d is None else d)
+        return c, ctx, keep
+
+    def forward(
+        self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None, d: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """x (N, C, H, W), t (N,), y (N,) labels or (N, L) token ids or None, d (N,) step sizes or None
+        (shortcut models only) -> v (N, C, H, W)"""
+        tokens, rope = self.embed_image(x)  # (N, T, D)
+        c, _, _ = self.condition(t, y, d)  # (N, D); a text DiT reads the caption only through c
+        for block in self.blocks:
+            tokens = block(tokens, c, rope)
+        return self.velocity(x, t, self.unpatchify(self.final(tokens, c)))  # (N, C, H, W)
+
+    def velocity(self, x: torch.Tensor, t: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """The velocity (N, C, H, W) from the network's output ``out`` for x_t (N, C, H, W) at t (N,).
+
+        x-prediction (JiT, Li & He 2025): the network outputs the clean image, which lies near a
+        low-dimensional manifold, and the velocity follows from the path, v = (x_t - x0) / t. A v- (or
+        noise-) predicting network must instead carry the full-rank noise of every patch through its
+        width: with 3-channel 4x4 patches (48 values) and a 64-wide token it cannot (docs/ablation.md).
+        """
+        if self.config.pred == "v":
+            return out
+        t_ = t.to(out.dtype).clamp(min=X_PRED_T_MIN).view(-1, 1, 1, 1)  # (N, 1, 1, 1)
+        return (x - out) / t_

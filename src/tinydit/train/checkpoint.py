@@ -1,0 +1,87 @@
+"""Writing checkpoints, and checking that a continuation is the same run as the one on disk.
+
+A checkpoint (read back by ``tinydit.models.checkpoint``) holds everything needed to sample from a run
+or to continue it exactly; it is written through the one atomic writer, so an interrupted save keeps
+the previous checkpoint whole.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import torch
+
+from tinydit import __version__
+from tinydit.config import TRAJECTORY_FIELDS, TrainConfig, canonical_name
+from tinydit.errors import TinyDiTError
+from tinydit.files import atomic_write
+from tinydit.models.checkpoint import FORMAT, FORMAT_VERSION
+
+__all__ = ["save_checkpoint", "check_same_run", "check_same_schedule", "GracefulInterrupt"]
+
+
+def save_checkpoint(path: str | Path, state: dict) -> None:
+    """Write ``state`` (plus the format fields) to ``path`` atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"format": FORMAT, "format_version": FORMAT_VERSION, "tinydit_version": __version__, **state}
+    with atomic_write(path) as f:
+        torch.save(payload, f)
+
+
+def check_same_run(cfg: TrainConfig, state: dict, out: Path, data_name: str | None = None) -> None:
+    """Refuse to continue the run in ``state`` with settings that change what it computes."""
+    old = TrainConfig.from_dict(state["train_config"])
+    old_data, new_data = state["data"]["name"], data_name or canonical_name(cfg.data)  # both canonical
+    changed = [
+        f"{name}: {getattr(old, name)!r} -> {getattr(cfg, name)!r}"
+        for name in TRAJECTORY_FIELDS
+        if name != "data" and getattr(old, name) != getattr(cfg, name)
+    ]
+    if old_data != new_data:
+        changed.insert(0, f"data: {old_data!r} -> {new_data!r}")
+    if changed:
+        raise TinyDiTError(
+            f"{out} holds a run with other settings ({'; '.join(changed)}); "
+            "re-run with the same settings to continue it, or choose another `out` (or `overwrite`)"
+        )
+    check_same_schedule(old, cfg, int(state["step"]), out)
+
+
+def check_same_schedule(old: TrainConfig, new: TrainConfig, step: int, out: Path) -> None:
+    """``steps`` and ``cooldown`` may change between invocations only while no step done so far is
+    affected (without a cool-down on either side, both starts are inf and nothing is)."""
+    changed = (old.steps, old.cooldown) != (new.steps, new.cooldown)
+    if changed and step > min(old.cooldown_start(), new.cooldown_start()):
+        raise TinyDiTError(
+            f"{out} is at step {step}, past the start of a learning-rate cool-down "
+            f"(`steps` {old.steps} `cooldown` {old.cooldown} before, `steps` {new.steps} `cooldown` "
+            f"{new.cooldown} now), so its schedule is fixed: finish it with `steps` {old.steps} `cooldown` "
+            f"{old.cooldown}, or train another run (`out`, `overwrite`)"
+        )
+
+
+class GracefulInterrupt:
+    """The first Ctrl-C asks the loop to stop at the next step boundary (so the checkpoint holds a
+    whole step); a second one interrupts at once, leaving the last checkpoint as it was."""
+
+    def __enter__(self) -> GracefulInterrupt:
+        self.requested = False
+        self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\nstopping after this step to save a checkpoint (Ctrl-C again to abort without saving)",
+              file=sys.stderr)
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)

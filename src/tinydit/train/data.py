@@ -1,0 +1,140 @@
+"""What a run trains on: the training and validation images, their conditions, and the grid prompts.
+
+A run reads a built-in data set or an image folder by name (``TrainConfig.data``), or any map-style
+``torch.utils.data.Dataset`` of (image, label) pairs given from Python: images float (C, H, W) in
+[-1, 1] with H = W, labels ints. Either way the images are decoded once into a ``CachedDataset``.
+
+Text runs (``cond="text"``, always for MMDiT): the images whose caption holds a held-out phrase are
+removed; the tokenizer is built once from the remaining training captions (or read back from the
+checkpoint of a continued run); every caption is encoded once into one LongTensor (N, L), and a batch's
+``y`` is its rows.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils.data import Dataset
+
+from tinydit.config import TrainConfig, canonical_name
+from tinydit.data.cache import CachedDataset
+from tinydit.data.datasets import load_dataset
+from tinydit.data.shapes import GRID_PROMPTS
+from tinydit.data.text import Tokenizer, class_captions, holds_phrase
+from tinydit.errors import TinyDiTError
+
+__all__ = ["RunData", "prepare_data", "cache_dataset", "canonical_data"]
+
+VAL_EVERY = 20  # a Dataset given without a validation set: every 20th image is held out for the validation loss
+
+
+@dataclass
+class RunData:
+    name: str  # recorded in checkpoints: a built-in name, a folder's absolute path, or "dataset:<class>"
+    train_set: CachedDataset
+    val_set: CachedDataset
+    tokenizer: Tokenizer | None = None  # text runs only
+    train_tokens: torch.Tensor | None = None  # text runs: every training caption's ids, (N, L) int64
+    val_tokens: torch.Tensor | None = None
+    prompts: list[str] = field(default_factory=list)  # text runs: one row of the sample grids each
+    n_held_out: int = 0  # training images removed for their held-out captions
+
+    def model_fields(self) -> dict:
+        """What the model config takes from the data: image size, channels, classes, tokenizer sizes."""
+        out = dict(img_size=self.train_set.img_size, in_channels=self.train_set.channels,
+                   n_classes=len(self.train_set.classes))  # fmt: skip
+        if self.tokenizer is not None:
+            out.update(vocab_size=self.tokenizer.vocab_size, text_len=self.tokenizer.max_len)
+        return out
+
+    def batch(self, train: bool, idx: torch.Tensor, generator=None, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
+        """Images (N, C, H, W) and their conditions: labels (N,), or caption ids (N, L) in text runs."""
+        ds, tokens = (self.train_set, self.train_tokens) if train else (self.val_set, self.val_tokens)
+        x, y = ds.batch(idx, generator=generator, device=device)
+        if tokens is not None:
+            y = tokens[idx].to(device, non_blocking=True)
+        return x, y
+
+
+def cache_dataset(dataset: Dataset, flip: bool, desc: str) -> CachedDataset:
+    """Any map-style dataset of (float image in [-1, 1], int label) decoded once into a ``CachedDataset``;
+    class names from its ``classes`` attribute, else "0", "1", ...; captions "a photo of a {class}"."""
+    if isinstance(dataset, CachedDataset):
+        return dataset
+    if len(dataset) < 1:
+        raise TinyDiTError(f"the {type(dataset).__name__} given to train on is empty")
+    x0, _ = dataset[0]
+    if not (torch.is_tensor(x0) and x0.dim() == 3 and x0.shape[1] == x0.shape[2] and x0.is_floating_point()):
+        raise TinyDiTError(f"`dataset` must yield (image, label) with the image a float tensor (C, H, W), H = W, in "
+                           f"[-1, 1]; its first image is {getattr(x0, 'shape', type(x0).__name__)}")  # fmt: skip
+    ds = CachedDataset.from_dataset(dataset, classes=[], flip=flip, desc=desc)
+    classes = list(getattr(dataset, "classes", None) or [str(i) for i in range(int(ds.labels.max()) + 1)])
+    if int(ds.labels.min()) < 0 or int(ds.labels.max()) >= len(classes):
+        raise TinyDiTError(f"`dataset` labels must lie in 0..{len(classes) - 1} (its `classes`), got "
+                           f"{int(ds.labels.min())}..{int(ds.labels.max())}")  # fmt: skip
+    ds.classes = classes
+    ds.captions = class_captions(ds.labels.tolist(), classes)
+    return ds
+
+
+def canonical_data(cfg: TrainConfig, dataset: Dataset | None) -> str:
+    """The data name a checkpoint records: ``cfg.data`` resolved, or "dataset:<class>" for a Dataset."""
+    return canonical_name(cfg.data) if dataset is None else f"dataset:{type(dataset).__name__}"
+
+
+def _datasets(cfg: TrainConfig, dataset: Dataset | None, val_dataset: Dataset | None):
+    if dataset is None:
+        return (canonical_data(cfg, None),
+                load_dataset(cfg.data, train=True, root=cfg.data_root, limit=cfg.limit),
+                load_dataset(cfg.data, train=False, root=cfg.data_root, limit=cfg.val_size))  # fmt: skip
+    train = cache_dataset(dataset, flip=True, desc="decoding the training set")
+    if val_dataset is not None:
+        val = cache_dataset(val_dataset, flip=False, desc="decoding the validation set")
+    else:
+        held = torch.arange(len(train)) % VAL_EVERY == VAL_EVERY - 1
+        if not held.any():
+            warnings.warn(f"{len(train)} images are too few to hold any out: the validation loss is measured on "
+                          "training images", stacklevel=3)  # fmt: skip
+            held = torch.ones(len(train), dtype=torch.bool)
+        val = train.subset(torch.nonzero(held).flatten(), flip=False)
+        train = train.subset(torch.nonzero(~held).flatten()) if not held.all() else train
+    if cfg.limit is not None:
+        train = train.subset(torch.arange(min(cfg.limit, len(train))))
+    val = val.subset(torch.arange(min(cfg.val_size, len(val))))
+    return canonical_data(cfg, dataset), train, val
+
+
+def prepare_data(cfg: TrainConfig, state: dict | None = None, dataset: Dataset | None = None,
+                 val_dataset: Dataset | None = None) -> RunData:  # fmt: skip
+    """The run's data: ``cfg.data`` by name, or ``dataset`` (and ``val_dataset``) given from Python."""
+    name, train_set, val_set = _datasets(cfg, dataset, val_dataset)
+    data = RunData(name, train_set, val_set)
+    if cfg.cond != "text":
+        return data
+    data.train_set, data.n_held_out = _hold_out(train_set, cfg.held_out_phrases(), cfg.holdout)
+    stored = state.get("tokenizer") if state is not None else None
+    data.tokenizer = Tokenizer.from_dict(stored) if stored is not None else Tokenizer.from_captions(data.train_set.captions)
+    data.train_tokens = data.tokenizer.encode(data.train_set.captions)
+    data.val_tokens = data.tokenizer.encode(val_set.captions, warn=False)  # unseen words: <unk>
+    # The sample grids' rows: for shapes a fixed list (held-out combinations included), else the first 8
+    # distinct training captions.
+    data.prompts = list(GRID_PROMPTS) if name == "shapes" else list(dict.fromkeys(data.train_set.captions))[:8]
+    return data
+
+
+def _hold_out(ds: CachedDataset, phrases: tuple[str, ...], spec: str | None) -> tuple[CachedDataset, int]:
+    """The training set without the images whose caption holds a held-out phrase, and how many went."""
+    if not phrases:
+        return ds, 0
+    held = [holds_phrase(c, phrases) for c in ds.captions]
+    for phrase in phrases:
+        if not any(holds_phrase(c, (phrase,)) for c, h in zip(ds.captions, held, strict=True) if h):
+            warnings.warn(f"`holdout` phrase {phrase!r} matches no training caption, so it holds nothing out",
+                          stacklevel=4)  # fmt: skip
+    keep = [i for i, h in enumerate(held) if not h]
+    if not keep:
+        raise TinyDiTError(f"`holdout` {spec!r} removes every training image; hold out less")
+    n_held_out = len(ds) - len(keep)
+    return (ds.subset(keep) if n_held_out else ds), n_held_out

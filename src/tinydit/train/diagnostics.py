@@ -1,0 +1,69 @@
+"""What a run measures of itself as it trains: the validation loss (overall and per bin of t) and the
+sample grids from fixed noise. Both are comparable between steps and between runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from tinydit.flow import distill
+from tinydit.flow.generate import class_cycle
+from tinydit.flow.path import N_T_BINS, flow_loss, t_bins
+from tinydit.flow.samplers import euler_sample
+from tinydit.images import save_grid
+from tinydit.train.data import RunData
+from tinydit.train.teacher import TeacherPaths
+
+__all__ = ["VAL_SEED", "validation_losses", "sample_grid"]
+
+VAL_SEED = 1234  # fixed noise for the validation loss, the same in every run
+
+
+@torch.no_grad()
+def validation_losses(model: nn.Module, data: RunData, device: torch.device,
+                      val_paths: TeacherPaths | None = None) -> tuple[float, list[float]]:  # fmt: skip
+    """The loss on the fixed held-out images with fixed noise and one fixed time per image spread evenly
+    over [0, 1], and the same loss in N_T_BINS equal bins of t (each bin holds as many images).
+    Distillation: the student's loss on the teacher's validation paths, and the same for each step
+    count of ``distill.STUDENT_STEPS``."""
+    was_training = model.training
+    model.eval()
+    try:
+        if val_paths is not None:
+            by_steps = distill.distill_losses_by_steps(model, val_paths.states.to(device), val_paths.y.to(device))
+            return sum(by_steps) / len(by_steps), by_steps
+        n = len(data.val_set)
+        g = torch.Generator().manual_seed(VAL_SEED)
+        noise = torch.randn(data.val_set.images.shape, generator=g)  # (n, C, H, W)
+        t = (torch.arange(n) + 0.5) / n  # (n,)
+        losses = []
+        for i in range(0, n, 256):
+            idx = torch.arange(i, min(i + 256, n))
+            x, y = data.batch(False, idx, device=device)
+            losses.append(flow_loss(model, x, y, t[idx].to(device), noise[idx].to(device), reduce=False))
+    finally:
+        model.train(was_training)
+    per_image = torch.cat(losses).cpu()  # (n,)
+    bins = t_bins(t)  # (n,)
+    per_bin = torch.zeros(N_T_BINS).index_add_(0, bins, per_image)
+    counts = torch.bincount(bins, minlength=N_T_BINS).clamp(min=1)
+    return per_image.mean().item(), (per_bin / counts).tolist()
+
+
+@torch.no_grad()
+def sample_grid(forward, data: RunData, config, noise_gen: torch.Generator, device: torch.device, steps: int,
+                cfg_scale: float, paths: list[Path], per_class: int = 8) -> None:  # fmt: skip
+    """Samples from fixed noise (drawn from ``noise_gen``), written to each of ``paths``: one column per
+    class, or in text runs one row of ``per_class`` images per prompt of ``data.prompts``."""
+    if data.tokenizer is not None:
+        ids = data.tokenizer.encode(data.prompts, warn=False)  # (P, L)
+        y, nrow = ids.repeat_interleave(per_class, dim=0).to(device), per_class  # (P * per_class, L)
+    else:
+        y, nrow = class_cycle(per_class * config.n_classes, config.n_classes, device), config.n_classes
+    noise = torch.randn(len(y), config.in_channels, config.img_size, config.img_size, generator=noise_gen)
+    x = euler_sample(forward, noise.to(device), y, steps, cfg_scale).x.cpu()  # (n, C, H, W)
+    for path in paths:
+        path.parent.mkdir(exist_ok=True)
+        save_grid(x, path, nrow=nrow)

@@ -1,0 +1,131 @@
+"""Distillation's teacher paths: sampled once from the trained teacher, cached in the run directory, and
+read by the student's training (``tinydit.flow.distill`` has the method and the student's loss).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from tinydit.config import KNOTS
+from tinydit.errors import TinyDiTError
+from tinydit.files import atomic_write
+from tinydit.flow.generate import class_cycle
+from tinydit.flow.samplers import sample_path
+from tinydit.models.checkpoint import load_checkpoint, load_model
+from tinydit.runtime import autocast
+
+__all__ = ["TeacherPaths", "teacher_paths", "load_teacher", "run_paths"]
+
+
+@dataclass
+class TeacherPaths:
+    states: torch.Tensor  # (N, KNOTS + 1, C, H, W) float16 on the CPU; states[:, k] is x at t = k / KNOTS
+    y: torch.Tensor  # (N,) int64 labels
+    nfe: int  # teacher evaluations per path
+    seconds: float  # wall time spent sampling them
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def to_dict(self) -> dict:
+        return {"states": self.states, "y": self.y, "nfe": self.nfe, "seconds": self.seconds}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TeacherPaths:
+        return cls(d["states"], d["y"], int(d["nfe"]), float(d["seconds"]))
+
+
+@torch.no_grad()
+def teacher_paths(
+    teacher: nn.Module,
+    n: int,
+    seed: int,
+    sampler: str = "heun",
+    steps_per_knot: int = 1,
+    cfg_scale: float = 1.0,
+    cfg_interval: tuple[float, float] | None = None,
+    batch_size: int = 500,
+    autocast_ctx=None,
+    progress: bool = True,
+) -> TeacherPaths:
+    """``n`` paths of the teacher, class-balanced, from noise drawn with ``seed``.
+
+    The teacher runs ``sampler`` on the uniform grid of ``KNOTS * steps_per_knot`` steps (as
+    ``tinydit sample --sampler S --steps KNOTS*steps_per_knot`` would) and every knot is kept.
+    ``autocast_ctx``: a zero-argument callable returning the precision context to run the teacher in.
+    """
+    if n < 1:
+        raise TinyDiTError(f"distillation needs at least one teacher path, got {n}")
+    cfg = teacher.config
+    device = next(teacher.parameters()).device
+    y = class_cycle(n, cfg.n_classes)  # (n,)
+    gen = torch.Generator().manual_seed(seed)
+    noise = torch.randn(n, cfg.in_channels, cfg.img_size, cfg.img_size, generator=gen)  # (n, C, H, W)
+    states = torch.empty(n, KNOTS + 1, *noise.shape[1:], dtype=torch.float16)
+    started, nfe = time.perf_counter(), 0
+    bar = tqdm(total=n, unit="path", desc="teacher paths", disable=not progress, dynamic_ncols=True)
+    for i in range(0, n, batch_size):
+        with autocast_ctx() if autocast_ctx is not None else nullcontext():
+            path, nfe = sample_path(sampler, teacher, noise[i : i + batch_size].to(device),
+                                    y[i : i + batch_size].to(device), KNOTS, steps_per_knot, cfg_scale,
+                                    cfg_interval=cfg_interval)  # fmt: skip
+        states[i : i + batch_size] = path.transpose(0, 1).float().cpu().to(torch.float16)  # (b, KNOTS + 1, C, H, W)
+        bar.update(len(path[0]))
+    bar.close()
+    if not torch.isfinite(states).all():
+        raise TinyDiTError("the teacher's paths hold NaN or infinite values; check the teacher checkpoint and "
+                           "its guidance scale")  # fmt: skip
+    return TeacherPaths(states, y, nfe, time.perf_counter() - started)
+
+
+def load_teacher(path: str, model_type: str, data_name: str) -> dict:
+    """The teacher's checkpoint, checked: a class-conditional ``model_type`` trained on ``data_name``."""
+    teacher = load_checkpoint(path)
+    kind, cond = teacher.get("model_type", "dit"), teacher["model_config"].get("cond", "class")
+    if kind != model_type or cond != "class":
+        raise TinyDiTError(f"--teacher {path} is a {kind} conditioned on {cond}; distillation needs a "
+                           f"class-conditional {model_type}")  # fmt: skip
+    if teacher["data"]["name"] != data_name:
+        raise TinyDiTError(f"--teacher {path} was trained on {teacher['data']['name']}, not {data_name}; "
+                           f"pass --data {teacher['data']['name']}")  # fmt: skip
+    return teacher
+
+
+def run_paths(cfg, teacher_state: dict, cache: Path, device, precision: str, progress: bool = True):
+    """A run's training and validation paths (``cfg.distill_paths`` and ``cfg.val_size`` of them, from
+    two seeds derived from ``cfg.seed``): sampled once with the run's ``teacher_*`` settings, then read
+    from ``cache``. Returns two ``TeacherPaths``."""
+    settings = {"teacher": str(cfg.teacher), "sampler": cfg.teacher_sampler, "steps": cfg.teacher_steps,
+                "cfg": cfg.teacher_cfg, "cfg_interval": list(cfg.teacher_cfg_interval), "n": cfg.distill_paths,
+                "val": cfg.val_size, "seed": cfg.seed, "knots": KNOTS}  # fmt: skip
+    if cache.exists():
+        stored = torch.load(cache, weights_only=True)
+        if stored["settings"] == settings:
+            return TeacherPaths.from_dict(stored["train"]), TeacherPaths.from_dict(stored["val"])
+        warnings.warn(f"{cache} was sampled with other settings; sampling the teacher's paths again", stacklevel=2)
+    teacher, _ = load_model(teacher_state, map_location=device)
+    lo, hi = cfg.teacher_cfg_interval
+    print(f"sampling {cfg.distill_paths} + {cfg.val_size} paths of the teacher {cfg.teacher} ({cfg.teacher_sampler}, "
+          f"{cfg.teacher_steps} steps, guidance {cfg.teacher_cfg:g} for t in [{lo:g}, {hi:g}])", file=sys.stderr)
+    runs = {
+        split: teacher_paths(teacher, n, seed=cfg.seed * 1_000_003 + 4243 + key, sampler=cfg.teacher_sampler,
+                             steps_per_knot=cfg.teacher_steps // KNOTS, cfg_scale=cfg.teacher_cfg,
+                             cfg_interval=cfg.teacher_cfg_interval, autocast_ctx=lambda: autocast(device, precision),
+                             progress=progress)
+        for split, n, key in (("train", cfg.distill_paths, 0), ("val", cfg.val_size, 1))
+    }  # fmt: skip
+    with atomic_write(cache) as f:
+        torch.save({"settings": settings, **{k: v.to_dict() for k, v in runs.items()}}, f)
+    train = runs["train"]
+    print(f"teacher paths: {len(train)} in {train.seconds:.0f} s ({train.nfe} evaluations each), cached in {cache}",
+          file=sys.stderr)  # fmt: skip
+    return train, runs["val"]

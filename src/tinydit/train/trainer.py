@@ -1,0 +1,404 @@
+"""The training loop: flow matching with AdamW, an EMA of the weights, validation, sample grids and
+checkpoints, continued exactly when its run directory already holds a run.
+
+Exact resumption: every random draw of step s comes from a generator seeded with (seed, s)
+(``tinydit.train.optim.step_generator``), so a checkpoint needs only the weights, EMA, optimizer state and
+step; on a CPU in fp32 a run stopped and resumed ends with exactly the weights of an uninterrupted one.
+A continuation also keeps the token-linear kernel (``tinydit.models.linear``) and the AdamW variant its
+checkpoint was written with: the alternatives round differently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+from tqdm.auto import tqdm
+
+from tinydit import __version__
+from tinydit.config import TrainConfig
+from tinydit.errors import TinyDiTError
+from tinydit.files import ensure_writable_dir, write_text
+from tinydit.flow import distill
+from tinydit.flow.guidance import null_condition
+from tinydit.flow.path import N_T_BINS, flow_loss, sample_t, t_bins
+from tinydit.flow.shortcut import n_self_consistency, shortcut_loss
+from tinydit.models.attention import resolve_backend as resolve_attention
+from tinydit.models.checkpoint import load_checkpoint, unwrap
+from tinydit.models.dit import count_params
+from tinydit.models.linear import linear_backend
+from tinydit.models.linear import resolve_backend as resolve_linear
+from tinydit.models.registry import build_model, config_from_dict, preset_config
+from tinydit.runtime import (
+    autocast,
+    make_grad_scaler,
+    maybe_compile,
+    resolve_compile,
+    resolve_device,
+    resolve_precision,
+)
+from tinydit.train import optim
+from tinydit.train.checkpoint import GracefulInterrupt, check_same_run, save_checkpoint
+from tinydit.train.data import canonical_data, prepare_data
+from tinydit.train.diagnostics import sample_grid, validation_losses
+from tinydit.train.teacher import load_teacher, run_paths
+
+__all__ = ["Trainer", "TrainResult"]
+
+
+@dataclass
+class TrainResult:
+    step: int
+    train_seconds: float
+    val_loss: float | None
+    val_loss_ema: float | None
+    checkpoint: Path
+    samples: Path | None
+
+
+class Trainer:
+    """Trains a DiT or an MMDiT with flow matching as ``cfg`` says, continuing ``cfg.out`` if it holds a run.
+
+    ``dataset`` (and ``val_dataset``): any map-style Dataset of (image (C, H, W) in [-1, 1], label) to
+    train on instead of the data set ``cfg.data`` names (``tinydit.train.data``).
+    """
+
+    def __init__(self, cfg: TrainConfig, overwrite: bool = False, require_resume: bool = False, progress: bool = True,
+                 dataset: Dataset | None = None, val_dataset: Dataset | None = None):  # fmt: skip
+        self.cfg, self.progress = cfg, progress
+        self.out = Path(cfg.out)
+        self.ckpt_path = self.out / "checkpoint.pt"
+        self.device = resolve_device(cfg.device)
+        self.precision = resolve_precision(cfg.precision, self.device)
+        self.compiled = resolve_compile(cfg.compile, self.device)
+        ensure_writable_dir(self.out)
+        self.teacher_state = None  # distillation: the student copies the teacher's preset and architecture
+        if cfg.few_step == "distill":
+            self.teacher_state = load_teacher(cfg.teacher, cfg.model, canonical_data(cfg, dataset))
+            cfg.preset = self.teacher_state["train_config"]["preset"]
+        state = None
+        if self.ckpt_path.exists() and not overwrite:
+            state = load_checkpoint(self.ckpt_path)
+            check_same_run(cfg, state, self.out, canonical_data(cfg, dataset))
+        elif require_resume:
+            raise TinyDiTError(f"`resume` given, but {self.ckpt_path} does not exist; drop `resume` to start a run")
+        self.data = prepare_data(cfg, state, dataset, val_dataset)
+        self.text = cfg.cond == "text"
+        self.model_config = self._model_config(state)
+        # A continuation on the same kind of device in the same precision keeps its token-linear kernel.
+        saved = state.get("kernels") if state is not None else None
+        same = saved is not None and (saved["device"], saved["precision"]) == (self.device.type, self.precision)
+        self.linear_kernel: str | None = saved["token_linears"] if same else None  # None: as the caller's context
+
+        torch.manual_seed(cfg.seed)
+        self.model = build_model(cfg.model, self.model_config).to(self.device)  # fp32 master weights, saved as they are
+        if self.teacher_state is not None and state is None:
+            distill.init_student(self.model, self.teacher_state["ema"])
+        self.ema = copy.deepcopy(self.model).requires_grad_(False).eval()
+        # A checkpoint from before the fused AdamW continues unfused: exact, and fp16's scaler keeps the unfused step.
+        unfused = state is not None and not state["optimizer"]["param_groups"][0].get("fused")
+        self.opt = optim.adamw(self.model.parameters(), self.device, cfg.lr, cfg.weight_decay,
+                               fused=False if unfused else None)  # fmt: skip
+        self.scaler = make_grad_scaler(self.device, self.precision)
+        self.bin_loss = torch.zeros(N_T_BINS, device=self.device)  # training loss summed per bin of t
+        self.bin_count = torch.zeros(N_T_BINS, device=self.device)
+        # The compiled wrappers share the weights of model and ema; checkpoints come from the originals.
+        self.forward = maybe_compile(self.model, self.compiled)
+        self.ema_forward = maybe_compile(self.ema, self.compiled)
+        self.step, self.train_seconds = 0, 0.0
+        if state is not None:
+            self._restore(state)
+        elif overwrite:
+            (self.out / "metrics.jsonl").unlink(missing_ok=True)
+        self.paths = self.val_paths = None  # distillation: the teacher's paths (tinydit.train.teacher)
+        if self.teacher_state is not None:
+            self.paths, self.val_paths = run_paths(cfg, self.teacher_state, self.out / "teacher_paths.pt",
+                                                   self.device, self.precision, self.progress)  # fmt: skip
+            self._log({"step": self.step, "teacher_paths": len(self.paths), "teacher_nfe": self.paths.nfe,
+                       "teacher_seconds": round(self.paths.seconds, 1)})  # fmt: skip
+        self.n_train = len(self.paths) if self.paths is not None else len(self.train_set)
+        self.batch_size = min(cfg.batch_size, self.n_train)
+        self.steps_per_epoch = self.n_train // self.batch_size
+        self._perm_epoch, self._perm = -1, torch.empty(0, dtype=torch.long)
+        self._write_config()
+
+    # The data's pieces under the names the rest of the package (and older scripts) read.
+    train_set = property(lambda self: self.data.train_set)
+    val_set = property(lambda self: self.data.val_set)
+    tokenizer = property(lambda self: self.data.tokenizer)
+    train_tokens = property(lambda self: self.data.train_tokens)
+    prompts = property(lambda self: self.data.prompts)
+    n_held_out = property(lambda self: self.data.n_held_out)
+
+    def _model_config(self, state: dict | None):
+        if self.teacher_state is not None:
+            teacher = config_from_dict(self.cfg.model, self.teacher_state["model_config"])
+            return dataclasses.replace(teacher, shortcut=True)
+        fields = self.data.model_fields()
+        config = preset_config(self.cfg.model, self.cfg.preset, **fields, **self.cfg.arch_overrides(),
+                               shortcut=self.cfg.few_step == "shortcut", cond=self.cfg.cond)  # fmt: skip
+        if state is not None:
+            # A run keeps the architecture it started with, even if its preset has changed since (presets
+            # follow the ablations); only the data's shape must still match.
+            stored = config_from_dict(self.cfg.model, state["model_config"])
+            if all(getattr(stored, f) == getattr(config, f) for f in fields):
+                return stored
+        return config
+
+    def _restore(self, state: dict) -> None:
+        if config_from_dict(self.cfg.model, state["model_config"]) != self.model_config:
+            raise TinyDiTError(f"{self.ckpt_path} holds another model ({state['model_config']}); choose another `out`")
+        if state["data"]["classes"] != self.train_set.classes:
+            raise TinyDiTError(f"the classes of {self.cfg.data} changed since {self.ckpt_path} was written "
+                               f"({state['data']['classes']} -> {self.train_set.classes}); choose another `out`")  # fmt: skip
+        self.model.load_state_dict(state["model"])
+        self.ema.load_state_dict(state["ema"])
+        self.opt.load_state_dict(state["optimizer"])
+        if "grad_scaler" in state and self.scaler.is_enabled():
+            self.scaler.load_state_dict(state["grad_scaler"])
+        self.step, self.train_seconds = int(state["step"]), float(state["train_seconds"])
+        torch.set_rng_state(state["rng"]["torch"])
+        if torch.cuda.is_available() and state["rng"].get("cuda"):
+            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+
+    def state_dict(self) -> dict:
+        """The checkpoint: everything needed to sample from the run or to continue it exactly."""
+        text = {"tokenizer": self.tokenizer.to_dict()} if self.text else {}
+        return {
+            "model_type": self.cfg.model, "model_config": self.model_config.to_dict(), **text,
+            "train_config": self.cfg.to_dict(),
+            "data": {"name": self.data.name, "classes": list(self.train_set.classes), "channels": self.train_set.channels,
+                     "img_size": self.train_set.img_size, **({"prompts": list(self.prompts)} if self.text else {})},
+            "model": unwrap(self.model).state_dict(), "ema": unwrap(self.ema).state_dict(),
+            "optimizer": self.opt.state_dict(), "grad_scaler": self.scaler.state_dict(),
+            "step": self.step, "train_seconds": self.train_seconds,
+            "kernels": {"device": self.device.type, "precision": self.precision, **self.kernels()},
+            "rng": {"torch": torch.get_rng_state(),
+                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+        }  # fmt: skip
+
+    def save(self) -> Path:
+        """Write the checkpoint, unless the weights went non-finite: then the last good one is kept."""
+        if not all(torch.isfinite(p).all() for p in self.model.parameters()):
+            raise TinyDiTError(f"the weights became NaN or infinite by step {self.step}; the last good checkpoint is "
+                               "kept. Lower `lr` (or raise `warmup`) and start again with `overwrite`")  # fmt: skip
+        save_checkpoint(self.ckpt_path, self.state_dict())
+        return self.ckpt_path
+
+    def kernels(self) -> dict[str, str]:
+        """The kernels this run's device and precision get: machines that pick differently train to
+        results that differ by float rounding."""
+        x = torch.empty(0, device=self.device)
+        with self._linear_kernel(), autocast(self.device, self.precision):
+            return {"token_linears": resolve_linear(x), "attention": resolve_attention(x)}
+
+    def _linear_kernel(self) -> contextlib.AbstractContextManager:
+        """The recorded kernel of a continued run; otherwise whatever the caller's context (or auto) picks."""
+        return linear_backend(self.linear_kernel) if self.linear_kernel else contextlib.nullcontext()
+
+    def _write_config(self) -> None:
+        resolved = {"train": self.cfg.to_dict(), "model_type": self.cfg.model, "model": self.model_config.to_dict(),
+                    "data": {"name": self.data.name, "classes": self.train_set.classes,
+                             "train_images": len(self.train_set)},
+                    "params": count_params(self.model), "device": str(self.device), "precision": self.precision,
+                    "compile": self.compiled, "kernels": self.kernels(), "tinydit_version": __version__,
+                    "torch_version": torch.__version__}  # fmt: skip
+        if self.text:
+            resolved["text"] = {"vocab_size": self.tokenizer.vocab_size, "text_len": self.tokenizer.max_len,
+                                "holdout": list(self.cfg.held_out_phrases()), "held_out_images": self.n_held_out,
+                                "grid_prompts": self.prompts}  # fmt: skip
+        write_text(self.out / "config.json", json.dumps(resolved, indent=2) + "\n")
+
+    def _log(self, record: dict) -> None:
+        with open(self.out / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    # ---------------------------------------------------------------------------------- one step
+
+    def lr_at(self, step: int) -> float:
+        return optim.lr_at(self.cfg, step)
+
+    def batch_indices(self, step: int) -> torch.Tensor:
+        epoch, i = divmod(step, self.steps_per_epoch)
+        if epoch != self._perm_epoch:
+            self._perm = torch.randperm(self.n_train, generator=optim.step_generator(self.cfg.seed, 7919, epoch))
+            self._perm_epoch = epoch
+        return self._perm[i * self.batch_size : (i + 1) * self.batch_size]
+
+    def train_step(self) -> torch.Tensor:
+        """One optimizer step; returns the (detached) loss without synchronising the device."""
+        cfg, dev = self.cfg, self.device
+        g = optim.step_generator(cfg.seed, self.step)
+        idx = self.batch_indices(self.step)
+        if self.paths is not None:  # distillation: no guidance dropout, guidance is in the teacher's paths
+            states = self.paths.states[idx].to(dev, non_blocking=True)  # (N, KNOTS + 1, C, H, W) float16
+            with autocast(dev, self.precision):
+                return self._optimizer_step(distill.distill_loss(self.forward, states, self.paths.y[idx].to(dev), generator=g))
+        x, y = self.data.batch(True, idx, generator=g, device=dev)  # (N, C, H, W), (N,) or (N, L)
+        n = x.shape[0]
+        t = sample_t(n, generator=g, device=dev, kind=cfg.t_sampling, shift=cfg.t_shift)  # (N,)
+        noise = torch.randn(x.shape, generator=g).to(dev)  # (N, C, H, W)
+        drop = (torch.rand(n, generator=g) < cfg.class_dropout).to(dev)  # (N,) guidance dropout
+        drop = drop.view(-1, *[1] * (y.dim() - 1))  # (N,) or (N, 1)
+        y = torch.where(drop, null_condition(unwrap(self.model), y), y)
+        n_fm = n  # images trained by plain flow matching at their time t
+        with autocast(dev, self.precision):
+            if cfg.few_step == "shortcut":
+                per_sample = shortcut_loss(self.forward, x, y, t, noise, generator=g, reduce=False)  # (N,)
+                n_fm = n - n_self_consistency(n)  # the rest are self-consistency examples
+            else:
+                per_sample = flow_loss(self.forward, x, y, t, noise, reduce=False)  # (N,)
+        bins = t_bins(t[:n_fm])  # summed on the device, read at logging time: no sync per step
+        self.bin_loss.index_add_(0, bins, per_sample[:n_fm].detach().float())
+        self.bin_count.index_add_(0, bins, torch.ones_like(t[:n_fm]))
+        return self._optimizer_step(per_sample.mean())
+
+    def _optimizer_step(self, loss: torch.Tensor) -> torch.Tensor:
+        """Backward, clip, step at this step's learning rate, EMA; returns the detached loss."""
+        for group in self.opt.param_groups:
+            group["lr"] = self.lr_at(self.step)
+        self.opt.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        if self.cfg.grad_clip > 0:
+            self.scaler.unscale_(self.opt)  # clip the true gradients, not the scaled ones
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        self.scaler.step(self.opt)
+        self.scaler.update()
+        optim.ema_update(self.ema, self.model, optim.ema_decay_at(self.cfg, self.step))
+        self.step += 1
+        return loss.detach()
+
+    # ---------------------------------------------------------------------------------- measurements
+
+    def validation_loss(self, model) -> float:
+        """Loss on the fixed held-out images with fixed noise and evenly spread t: comparable across runs."""
+        return self.validation_losses(model)[0]
+
+    def validation_losses(self, model) -> tuple[float, list[float]]:
+        return validation_losses(model, self.data, self.device, self.val_paths)
+
+    def _validate(self) -> tuple[float, float, list[float]]:
+        val = self.validation_loss(self.model)
+        val_ema, by_t = self.validation_losses(self.ema)
+        key = "val_loss_ema_by_steps" if self.paths is not None else "val_loss_ema_by_t"
+        self._log({"step": self.step, "val_loss": val, "val_loss_ema": val_ema, key: [round(v, 5) for v in by_t]})
+        return val, val_ema, by_t
+
+    def sample_grid(self) -> Path:
+        """EMA samples from the same noise at every step, into samples/step_NNNNNN.png and samples.png."""
+        steps, scale = (4, 1.0) if self.paths is not None else (self.cfg.sample_steps, self.cfg.sample_cfg)
+        path = self.out / "samples" / f"step_{self.step:06d}.png"  # a distilled student: 4 steps, guidance in its paths
+        with autocast(self.device, self.precision):
+            sample_grid(self.ema_forward, self.data, self.model_config, optim.step_generator(self.cfg.seed, 31),
+                        self.device, steps, scale, [path, self.out / "samples.png"])  # fmt: skip
+        return path
+
+    # ---------------------------------------------------------------------------------- the loop
+
+    def _seconds(self, started: float) -> float:
+        return self.train_seconds + (time.perf_counter() - started)
+
+    def _done(self, started: float) -> bool:
+        if self.cfg.steps is not None and self.step >= self.cfg.steps:
+            return True
+        return self.cfg.minutes is not None and self._seconds(started) >= self.cfg.minutes * 60
+
+    def fit(self) -> TrainResult:
+        """Train until ``steps`` or ``minutes``, whichever comes first, then save and report."""
+        with self._linear_kernel():
+            return self._fit()
+
+    def _fit(self) -> TrainResult:
+        cfg = self.cfg
+        started = time.perf_counter()
+        if self._done(started):
+            print(f"{self.out}: already trained to step {self.step}; raise --steps or --minutes to continue",
+                  file=sys.stderr)  # fmt: skip
+            return TrainResult(self.step, self.train_seconds, None, None, self.ckpt_path, None)
+        self._announce()
+        bar = tqdm(total=cfg.steps, initial=self.step, unit="step", disable=not self.progress, dynamic_ncols=True)
+        self.model.train()
+        loss_sum, loss_n = torch.zeros((), device=self.device), 0  # summed on the device: no sync per step
+        window_start, window_step = time.perf_counter(), self.step
+        val = val_ema = samples = None
+        by_t: list[float] = []
+        with GracefulInterrupt() as interrupt:
+            while not self._done(started) and not interrupt.requested:
+                loss_sum += self.train_step()
+                loss_n += 1
+                bar.update(1)
+                s = self.step
+                if s % cfg.log_every == 0 or self._done(started):
+                    now = time.perf_counter()
+                    img_s = (s - window_step) * self.batch_size / max(now - window_start, 1e-9)
+                    bar.set_postfix(self._log_window(s, (loss_sum / loss_n).item(), img_s, started))
+                    loss_sum.zero_()
+                    loss_n, window_start, window_step = 0, now, s
+                if s % cfg.val_every == 0:
+                    val, val_ema, by_t = self._validate()
+                if s % cfg.sample_every == 0:
+                    samples = self.sample_grid()
+                if s % cfg.ckpt_every == 0:
+                    self.train_seconds, started = self._seconds(started), time.perf_counter()
+                    self.save()
+        bar.close()
+        self.train_seconds = self._seconds(started)
+        if interrupt.requested:
+            self.save()
+            print(f"interrupted at step {self.step}; checkpoint saved to {self.ckpt_path}. "
+                  "Re-run the same command to continue.", file=sys.stderr)  # fmt: skip
+            raise KeyboardInterrupt
+        if self.step % cfg.val_every:
+            val, val_ema, by_t = self._validate()
+        if self.step % cfg.sample_every:
+            samples = self.sample_grid()
+        self.save()
+        self._report(val, val_ema, by_t, samples)
+        return TrainResult(self.step, self.train_seconds, val, val_ema, self.ckpt_path, samples)
+
+    def _log_window(self, s: int, loss: float, img_s: float, started: float) -> dict:
+        """Log the steps since the last line to metrics.jsonl; returns the progress bar's postfix."""
+        if not math.isfinite(loss):
+            raise TinyDiTError(f"the training loss became {loss} by step {s}; the last good checkpoint is kept. "
+                               "Lower `lr` (or raise `warmup`) and start again with `overwrite`")  # fmt: skip
+        by_t = (self.bin_loss / self.bin_count).tolist()  # NaN where no time fell in a bin
+        self._log({"step": s, "loss": loss, "lr": self.lr_at(s - 1), "img_per_s": img_s,
+                   "train_seconds": self._seconds(started),
+                   "loss_by_t": [round(v, 5) if math.isfinite(v) else None for v in by_t]})  # fmt: skip
+        self.bin_loss.zero_()
+        self.bin_count.zero_()
+        postfix = {"loss": f"{loss:.4f}", "img/s": f"{img_s:.0f}"}
+        if self.cfg.minutes is not None:
+            left = max(0.0, self.cfg.minutes * 60 - self._seconds(started))
+            postfix["left"] = time.strftime("%M:%S", time.gmtime(left))
+        return postfix
+
+    def _announce(self) -> None:
+        if self.step:
+            print(f"continuing {self.out} from step {self.step}", file=sys.stderr)
+            return
+        what = f"{self.cfg.preset}, text-conditioned," if self.text else self.cfg.preset
+        held = f", {self.n_held_out} held out: {self.cfg.holdout}" if self.n_held_out else ""
+        ds = self.train_set
+        print(f"training {what} ({count_params(self.model) / 1e6:.2f}M parameters) on {self.data.name} ({len(ds)} "
+              f"images, {ds.channels}x{ds.img_size}x{ds.img_size}{held}) on {self.device}; run directory {self.out}",
+              file=sys.stderr)  # fmt: skip
+
+    def _report(self, val, val_ema, by_t, samples) -> None:
+        print(f"step {self.step}: val loss {val:.4f} (EMA {val_ema:.4f}) after {self.train_seconds / 60:.1f} min; "
+              f"checkpoint {self.ckpt_path}, samples {samples}", file=sys.stderr)  # fmt: skip
+        if self.paths is not None:
+            pairs = zip(distill.STUDENT_STEPS, by_t, strict=True)
+            print("EMA val loss by step count: " + ", ".join(f"{n} steps {v:.4f}" for n, v in pairs), file=sys.stderr)
+        else:
+            print(f"EMA val loss by t (0 = data ... 1 = noise, {N_T_BINS} bins): " + " ".join(f"{v:.3f}" for v in by_t),
+                  file=sys.stderr)  # fmt: skip
