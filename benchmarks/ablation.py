@@ -9,7 +9,7 @@
 3. Each run is evaluated like ``tinydit eval``: N class-balanced samples (Euler, 32 steps, guidance
    2), FID in the shipped feature network's space and class consistency against the test split.
 
-Writes RUN_ROOT/ablation.json and prints a Markdown table (docs/ablation.md holds ours).
+Writes RUN_ROOT/ablation.json and prints a Markdown table (docs/notes/ablation.md holds ours).
 """
 
 from __future__ import annotations

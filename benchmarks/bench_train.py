@@ -1,6 +1,6 @@
 """Training and sampling throughput, memory and model FLOP utilisation (MFU) on this machine.
 
-    python benchmarks/bench_train.py                                  # every preset: the table in README
+    python benchmarks/bench_train.py                                  # every preset: the table in benchmarks/README.md
     python benchmarks/bench_train.py --preset dit-1.9m --switches     # each architecture switch alone
     python benchmarks/bench_train.py --preset dit-1.9m --modes        # fp32/bf16 x eager/compiled
     python benchmarks/bench_train.py --preset dit-1.9m --compare diffusers

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 ARGS = {
@@ -27,13 +28,34 @@ def test_example_runs(name, tmp_path):
     res = subprocess.run([sys.executable, str(EXAMPLES / name), *args], capture_output=True, text=True,
                          timeout=300, cwd=tmp_path)  # fmt: skip
     assert res.returncode == 0, res.stdout + res.stderr
-    assert res.stdout.strip()
-    if name.startswith("01"):
-        assert (tmp_path / "photo_batch.png").exists() and "reshape == original: False" in res.stdout
-    if name.startswith("02"):
-        w, b = map(float, re.search(r"fitted y = ([\d.]+) x ([+-][\d.]+)", res.stdout).groups())
+    out = res.stdout
+    if name.startswith("01"):  # permute is reversible, reshape is not; a batch of 3 RGB images in [-1, 1]
+        assert "permute back == original: True | reshape == original: False" in out
+        assert "batch (3, 3, 32, 32) torch.float32" in out and "broadcasting trap" in out
+        lo, hi = map(float, re.search(r"normalised range: ([-\d.]+) to ([-\d.]+)", out).groups())
+        assert -1.0 <= lo < hi <= 1.0
+        assert _grid_of(tmp_path / "photo_batch.png", 3)
+    if name.startswith("02"):  # the fit recovers the line the data was drawn from, y = 3 x - 0.5
+        w, b = map(float, re.search(r"fitted y = ([\d.]+) x ([+-][\d.]+)", out).groups())
         assert abs(w - 3.0) < 0.05 and abs(b + 0.5) < 0.05
-    if name.startswith("03"):
-        assert "(64, 3, 32, 32)" in res.stdout and (tmp_path / "shapes_batch.png").exists()
-    if name.startswith("04"):
-        assert "resumed == uninterrupted: True" in res.stdout
+    if name.startswith("03"):  # a loader's batch, and a user's own folder read back with one class per folder
+        assert "batch: (64, 3, 32, 32) torch.float32" in out and "labels (64,) torch.int64" in out
+        lo, hi = map(float, re.search(r"range \[([-\d.]+), ([-\d.]+)\]", out).groups())
+        assert -1.0 <= lo < hi <= 1.0
+        assert re.search(r"40 images in .* classes: \{'circle': 0, 'cross': 1, 'square': 2, 'triangle': 3\} "
+                         r"\| batch \(8, 3, 32, 32\)", out)  # fmt: skip
+        assert len(list((tmp_path / "my_images").rglob("*.png"))) == 40
+        assert _grid_of(tmp_path / "shapes_batch.png", 64)
+    if name.startswith("04"):  # the checkpoint round trip resumes bit-exactly
+        assert "resumed == uninterrupted: True" in out
+    if name.startswith("05"):  # Euler samples land on the unit ring the model was trained on
+        radius = float(re.search(r"sample radius ([\d.]+)", out).group(1))
+        assert abs(radius - 1.0) < 0.15 and "50 model evaluations" in out
+
+
+def _grid_of(path: Path, n: int, size: int = 32, pad: int = 2) -> bool:
+    """Whether ``path`` is a readable grid image of n tiles of ``size`` px (8 per row, ``make_grid``'s layout)."""
+    cols = min(8, n)
+    rows = -(-n // cols)
+    with Image.open(path) as img:
+        return img.size == (cols * (size + pad) + pad, rows * (size + pad) + pad)

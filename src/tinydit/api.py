@@ -54,7 +54,8 @@ def train(config: TrainConfig, dataset: Dataset | None = None, val_dataset: Data
     return trainer.fit()
 
 
-def load_model(checkpoint: str | Path | dict, ema: bool = True, device: str | torch.device = "cpu") -> tuple[nn.Module, dict]:
+def load_model(checkpoint: str | Path | dict, ema: bool = True,
+               device: str | torch.device = "cpu") -> tuple[nn.Module, dict]:  # fmt: skip
     """The checkpoint's model (a DiT or an MMDiT; EMA weights by default) in eval mode, and the checkpoint dict."""
     return checkpoints.load_model(checkpoint, ema=ema, map_location=resolve_device(device))
 
@@ -168,8 +169,8 @@ def evaluate(
     return metrics
 
 
-def sweep(checkpoint: str | Path, out: str | Path, samplers=("euler", "heun"), steps=(4, 8, 16, 32),
-          cfgs=(1.0, 2.0), tols=(1e-2, 1e-3), *, device: str | torch.device = "auto", **kwargs) -> list[dict]:  # fmt: skip
+def sweep(checkpoint: str | Path, out: str | Path, samplers=("euler", "heun"), steps=(4, 8, 16, 32), cfgs=(1.0, 2.0),
+          tols=(1e-2, 1e-3), *, device: str | torch.device = "auto", **kwargs) -> list[dict]:  # fmt: skip
     """Quality against model evaluations for every sampler x steps x guidance combination
     (``tinydit.eval.sweep``); writes sweep.csv, sweep.md, sweep.json and sweep.png into ``out``."""
     return run_sweep(checkpoint, out, samplers=list(samplers), steps=list(steps), cfgs=list(cfgs), tols=list(tols),

@@ -54,7 +54,8 @@ TRAIN_CHOICES = {"model": tuple(MODEL_CONDS), "cond": CONDS, "t_sampling": T_SAM
 TRAIN_GROUPS = {
     "distillation (few_step distill; the student copies the teacher's architecture)":
         ("teacher", "teacher_sampler", "teacher_steps", "teacher_cfg", "teacher_cfg_interval", "distill_paths"),
-    "architecture switches (default: the preset's; see docs/notes/ablation.md)": ("norm", "qk_norm", "mlp", "pos", "pred"),
+    "architecture switches (default: the preset's; see docs/notes/ablation.md)":
+        ("norm", "qk_norm", "mlp", "pos", "pred"),
     "logging, samples and checkpoints": ("log_every", "val_every", "val_size", "sample_every", "ckpt_every",
                                          "sample_steps", "sample_cfg"),
 }  # fmt: skip
@@ -88,7 +89,7 @@ def add_config_flags(p: argparse.ArgumentParser, cls: type, choices: dict, group
     group_of = {name: title for title, names in groups.items() for name in names}
     made = {title: p.add_argument_group(title) for title in groups}
     for f in fields(cls):
-        kind = str(f.type).replace(" | None", "")
+        kind = (f.type.__name__ if isinstance(f.type, type) else str(f.type)).replace(" | None", "")
         default = f.default if f.default is not MISSING else f.default_factory()
         help_ = comments.get(f.name, "").replace("%", "%%")  # argparse formats help with %
         kw: dict = {"dest": f.name, "default": default, "help": help_ or None}

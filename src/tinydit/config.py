@@ -19,9 +19,6 @@ from pathlib import Path
 
 from tinydit.errors import TinyDiTError
 from tinydit.runtime import COMPILE, PRECISIONS
-
-PRECISION_CHOICES = ("auto", *PRECISIONS)  # auto: the fastest measured on the device (tinydit.runtime)
-COMPILE_CHOICES = COMPILE
 from tinydit.tokens import parse_phrases
 
 __all__ = ["TrainConfig", "TRAJECTORY_FIELDS", "SHAPES_HOLDOUT", "FEW_STEP", "MODEL_CONDS", "MODEL_PRESETS",
@@ -32,6 +29,8 @@ __all__ = ["TrainConfig", "TRAJECTORY_FIELDS", "SHAPES_HOLDOUT", "FEW_STEP", "MO
 # on them measures compositional generalisation (tinydit.eval.adherence).
 SHAPES_HOLDOUT = "red triangle,blue circle"
 
+PRECISION_CHOICES = ("auto", *PRECISIONS)  # auto: the fastest measured on the device (tinydit.runtime)
+COMPILE_CHOICES = COMPILE
 FEW_STEP = ("none", "shortcut", "distill")  # see TrainConfig.few_step
 T_SAMPLINGS = ("uniform", "logit-normal")  # how training times are drawn (tinydit.flow.path.sample_t)
 KNOTS = 8  # distillation: the teacher's path is kept at t = 0, 1/8, ..., 1 (tinydit.flow.distill)
@@ -51,12 +50,12 @@ MODEL_CONDS: dict[str, tuple[str, ...]] = {"dit": CONDS, "mmdit": ("text",)}
 # for 32x32 RGB with 10 classes (tests/test_model.py checks each name against count_params).
 DIT_PRESETS: dict[str, dict] = {
     # pred="auto": the network predicts the clean image (x, JiT) on RGB data and the velocity (v) on
-    # grayscale. On 3-channel shapes, x reached in 4,000 steps a validation loss v had not reached in
-    # 8,687 (dit-0.2m); on Fashion-MNIST's 1-channel patches there is no bottleneck for x to remove, and
-    # in the 4-minute ablation x scored worse (docs/ablation.md). Old checkpoints (no field) load as v.
+    # grayscale. On 3-channel shapes x learned far faster (docs/notes/shapes_diagnosis.md); on
+    # Fashion-MNIST's 1-channel patches there is no bottleneck for x to remove, and in the ablation x
+    # scored worse (docs/notes/ablation.md). Old checkpoints (no field) load as v.
     "dit-0.2m": dict(dim=64, depth=2, n_heads=2, patch_size=4, pred="auto"),  # smoke tests: seconds per run
     # The CPU preset: minutes per run. SwiGLU is its one switch that won the equal-time ablation on
-    # Fashion-MNIST (docs/ablation.md); RMSNorm, QK-norm and RoPE each scored worse and stay off.
+    # Fashion-MNIST (docs/notes/ablation.md); RMSNorm, QK-norm and RoPE each scored worse and stay off.
     "dit-1.9m": dict(dim=128, depth=6, n_heads=4, patch_size=4, mlp="swiglu", pred="auto"),
     "dit-9.8m": dict(dim=256, depth=8, n_heads=4, patch_size=4, pred="auto"),  # a laptop hour, or a GPU
     "dit-32m": dict(dim=384, depth=12, n_heads=6, patch_size=2, pred="auto"),  # GPU: 256 tokens per 32x32 image
@@ -157,10 +156,10 @@ class TrainConfig:
     # Text runs: comma-separated caption phrases ("red triangle"); every training image whose caption holds
     # one is removed, so the model never sees that combination. None: SHAPES_HOLDOUT for shapes, else none.
     holdout: str | None = None
-    norm: str | None = None  # architecture switches (see tinydit.models.dit); None keeps the preset's choice
-    qk_norm: bool | None = None
-    mlp: str | None = None
-    pos: str | None = None
+    norm: str | None = None  # layernorm | rmsnorm; None here and in the four below keeps the preset's choice
+    qk_norm: bool | None = None  # RMS-normalise queries and keys per head
+    mlp: str | None = None  # gelu | swiglu (gated SiLU at the same parameter count)
+    pos: str | None = None  # sincos (absolute, added to the tokens) | rope (2-D rotary, inside attention)
     pred: str | None = None  # v | x: what the network outputs (see DiTConfig.pred); None keeps the preset's
     steps: int | None = None  # stop after this many optimizer steps ...
     minutes: float | None = None  # ... or after this much training wall time, whichever comes first
@@ -175,7 +174,7 @@ class TrainConfig:
     ema_decay: float = 0.999  # EMA of the weights used for sampling; warmed up as min(d, (1+s)/(10+s))
     class_dropout: float = 0.1  # probability of the null label (text: the empty caption), for guidance
     # Training times: uniform | logit-normal (SD3). None: logit-normal for text runs (it raised MMDiT's
-    # all-attribute accuracy on shapes from 0.350 to 0.560, docs/text_to_image.md), else uniform.
+    # all-attribute accuracy on shapes, docs/text_to_image.md), else uniform.
     t_sampling: str | None = None
     # none | shortcut: also train the model to take large steps (tinydit.flow.shortcut) | distill: train a
     # few-step student on the paths of a trained model, ``teacher`` (tinydit.flow.distill)
@@ -263,7 +262,8 @@ class TrainConfig:
         if self.teacher is None:
             raise TinyDiTError("`few_step` distill learns from a trained model: pass its checkpoint.pt with `teacher`")
         if self.teacher_sampler not in FIXED_STEP_SAMPLERS:
-            raise TinyDiTError(f"`teacher_sampler` must be {', '.join(FIXED_STEP_SAMPLERS)}, got {self.teacher_sampler!r}")
+            raise TinyDiTError(f"`teacher_sampler` must be {', '.join(FIXED_STEP_SAMPLERS)}, "
+                               f"got {self.teacher_sampler!r}")  # fmt: skip
         if self.teacher_steps < 1 or self.teacher_steps % KNOTS:
             raise TinyDiTError(f"`teacher_steps` must be a positive multiple of {KNOTS} (the teacher's path is "
                                f"kept at t = k/{KNOTS}), got {self.teacher_steps}")  # fmt: skip

@@ -3,14 +3,12 @@ kernel switches, chosen per device.
 
 The defaults are what measured fastest (benchmarks/README.md):
 
-- CPU with native bf16 (AVX512-BF16 or AMX, as oneDNN reports): bf16 autocast, eager. On our 2-core
-  AVX-512 machine a dit-1.9m training step ran 1.69x faster in bf16 than in fp32, with attention
-  written out as matmuls (``tinydit.models.attention``) and fp32's token linears already on oneDNN
-  (``tinydit.models.linear``). CPUs without it emulate bf16 matmuls (under 1 GFLOP/s on an AVX2 machine), so
-  there fp32 is the default.
-- ``torch.compile`` on CPU made a training step 1.24x faster in bf16 and 1.12x in fp32, but compiling
-  took about 40 s at the start of a run, which only pays after a few minutes of training, and it needs
-  a C++ compiler: off by default, ``--compile on`` for longer runs.
+- CPU with native bf16 (AVX512-BF16 or AMX, as oneDNN reports): bf16 autocast, eager: it trained
+  markedly faster than fp32 there, with attention written out as matmuls (``tinydit.models.attention``).
+  CPUs without it emulate bf16 matmuls at a crawl, so there fp32 is the default.
+- ``torch.compile`` on CPU makes a training step faster, but compiling takes tens of seconds at the
+  start of a run, which only pays after minutes of training, and it needs a C++ compiler: off by
+  default, ``compile="on"`` for longer runs. The figures for both are in docs/speed.md.
 - CUDA: bf16 autocast where supported, and ``torch.compile``.
 
 Master weights, gradients, optimizer state and the EMA stay in fp32 in every mode: autocast lowers the

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 from torch.utils.data import Dataset
+from tqdm.auto import tqdm
 
 from tinydit.images import from_uint8, to_uint8
 
@@ -44,10 +45,9 @@ class CachedDataset(Dataset):
     @classmethod
     def from_dataset(cls, dataset: Dataset, classes: list[str], flip: bool = False, desc: str = "decoding"):
         """Decode any dataset of (float [-1, 1] image, label) pairs once (give it an eval transform)."""
-        from tqdm.auto import tqdm
-
         xs, ys = [], []
-        for x, y in tqdm(dataset, desc=desc, leave=False, disable=len(dataset) < 2000):
+        for i in tqdm(range(len(dataset)), desc=desc, leave=False, disable=len(dataset) < 2000):
+            x, y = dataset[i]  # by index: a map-style dataset need not raise IndexError at its end
             xs.append(to_uint8(x))
             ys.append(int(y))
         return cls(torch.stack(xs), torch.tensor(ys, dtype=torch.int64), classes, flip)

@@ -5,7 +5,8 @@ agree with two of d, level by level; in 15 CPU minutes the one-step level gets t
 training (docs/few_step.md). With a trained model at hand there is a shorter way: run its best
 sampler, guidance included, and have a student jump straight along the paths it records.
 
-1. **Teacher paths** (``tinydit.train.teacher``). For N noise images and class-balanced labels, the teacher's sampler (Heun by
+1. **Teacher paths** (``tinydit.train.teacher``). For N noise images and class-balanced labels, the
+   teacher's sampler (Heun by
    default, with guidance) runs from t = 1 to t = 0, and x is recorded at the ``KNOTS`` + 1 times
    t = k / KNOTS. The map from noise to image is then fixed, so the student's targets are exact: no
    averaging over the images a noise could have become, which is what blurs one-step flow models.

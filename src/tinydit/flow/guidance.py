@@ -33,7 +33,8 @@ def guided_velocity(
     """Classifier-free guidance (Ho & Salimans 2022): v = v_uncond + s (v_cond - v_uncond).
 
     x: (N, C, H, W), t: (N,), y: (N,) labels or (N, L) caption ids. The unconditional input is ``null``
-    (shaped like y) if given, else ``null_condition(model, y)`` (the empty caption for text models). Returns (v, model evaluations per image). At s = 1 this is the
+    (shaped like y) if given, else ``null_condition(model, y)`` (the empty caption for text models).
+    Returns (v, model evaluations per image). At s = 1 this is the
     conditional prediction alone, computed with one evaluation; otherwise the conditional and the
     unconditional inputs go through the model as one batch of 2N. ``d`` (N,): the step size, passed
     only to shortcut models (``tinydit.flow.shortcut``).

@@ -10,15 +10,14 @@ Two kernels compute the same function:
   (Tq, Tk) score matrix, which is what long sequences on a GPU need.
 - ``matmul``: the formula written out as two batched matmuls and a softmax. At the token counts TinyDiT
   trains on a CPU (49-64 patches) the score matrices are small (4 MiB for a batch of 128 at T = 64 in
-  bf16), and PyTorch's CPU flash-attention backward is slow in bf16: on our 2-core AVX-512 machine a
-  bf16 forward and backward at (N, h, T, Dh) = (128, 4, 64, 32) took 33 ms through SDPA and 5 ms
-  written out (``python benchmarks/bench_attention.py``; table in benchmarks/README.md).
+  bf16), and PyTorch's CPU flash-attention backward is slow in bf16 (``python
+  benchmarks/bench_attention.py``; the figures are in docs/speed.md and benchmarks/README.md).
 
 ``auto`` (the default) picks ``matmul`` for bf16 on a CPU with native bf16 matmuls (AVX512-BF16, AMX),
 bf16 inputs or CPU autocast to bf16, where it was the faster kernel at every shape measured (T = 49 to
 256), and ``sdpa`` everywhere else: in fp32 on a CPU SDPA was as fast or faster; fp16 matmuls are
-emulated on CPUs (one layer's forward and backward at dit-1.9m's shape took 118 ms written out, 48 ms
-through SDPA), and so are bf16 ones without native support; on a GPU the fused kernels are the point.
+emulated on CPUs (written out they were slower than SDPA), and so are bf16 ones without native support;
+on a GPU the fused kernels are the point.
 
 ``ATTENTION.use("sdpa")`` (``attention_backend``) forces one kernel, for benchmarks and tests. The setting is one per
 process, not per thread; a compiled model recompiles when it changes.

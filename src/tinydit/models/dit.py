@@ -13,7 +13,7 @@ optimisation and EMA in ``tinydit.train.trainer``.
 The text-conditioned DiT sees its caption only through the pooled vector in c: the baseline of the
 two-stream MMDiT (``tinydit.models.mmdit``), which builds on the pieces of this module.
 
-Switches from the post-2023 literature, each a ``DiTConfig`` field (see docs/ablation.md for what each
+Switches from the post-2023 literature, each a ``DiTConfig`` field (see docs/notes/ablation.md for what each
 one measured on Fashion-MNIST):
     norm="rmsnorm"   RMSNorm (Zhang & Sennrich 2019) instead of LayerNorm in the blocks
     qk_norm=True     RMS-normalise queries and keys per head (Dehghani et al. 2023; SD3)
@@ -210,7 +210,8 @@ class DiT(nn.Module):
     def __init__(self, config: DiTConfig):
         super().__init__()
         self.config = config
-        self.patch_embed = nn.Conv2d(config.in_channels, config.dim, kernel_size=config.patch_size, stride=config.patch_size)
+        p = config.patch_size
+        self.patch_embed = nn.Conv2d(config.in_channels, config.dim, kernel_size=p, stride=p)
         if config.pos == "sincos":
             self.register_buffer("pos_embed", sincos_2d(config.dim, config.grid_size).unsqueeze(0), persistent=False)
         else:
@@ -222,10 +223,12 @@ class DiT(nn.Module):
         if config.cond == "class":
             self.y_embed = nn.Embedding(config.n_classes + 1, config.dim)  # the last row is the null label
         else:
-            self.text = TextEncoder(config.vocab_size, config.text_len, config.dim, config.text_depth, config.n_heads, config.mlp,
+            self.text = TextEncoder(config.vocab_size, config.text_len, config.dim, config.text_depth, config.n_heads,
+                                    config.mlp,
                                     config.mlp_ratio)  # fmt: skip
             # The pooled caption joins c like SD3's pooled CLIP vector: through a small MLP (SD3 fig. 2).
-            self.pooled_embed = nn.Sequential(nn.Linear(config.dim, config.dim), nn.SiLU(), nn.Linear(config.dim, config.dim))
+            d = config.dim
+            self.pooled_embed = nn.Sequential(nn.Linear(d, d), nn.SiLU(), nn.Linear(d, d))
         # Shortcut models (Frans et al. 2024) see the step size d the sampler will take; d = 0 asks for
         # the instantaneous velocity, so with d = 0 the model is an ordinary flow model.
         self.d_embed = TimestepEmbedder(config.dim) if config.shortcut else None
@@ -290,8 +293,7 @@ class DiT(nn.Module):
 
     def patchify(self, x: torch.Tensor) -> torch.Tensor:
         # Made contiguous once here: a transposed view would hand its layout on to every residual
-        # addition after it, and each norm would copy the tokens to read them (dit-1.9m: 1.02-1.04x a
-        # fp32 and 1.08x a bf16 CPU training step, raced in one process).
+        # addition after it, and each norm would copy the tokens to read them (docs/speed.md).
         return self.patch_embed(x).flatten(2).transpose(1, 2).contiguous()  # (N, D, g, g) -> (N, T, D)
 
     def unpatchify(self, x: torch.Tensor) -> torch.Tensor:
@@ -354,7 +356,7 @@ class DiT(nn.Module):
         x-prediction (JiT, Li & He 2025): the network outputs the clean image, which lies near a
         low-dimensional manifold, and the velocity follows from the path, v = (x_t - x0) / t. A v- (or
         noise-) predicting network must instead carry the full-rank noise of every patch through its
-        width: with 3-channel 4x4 patches (48 values) and a 64-wide token it cannot (docs/ablation.md).
+        width: with 3-channel 4x4 patches (48 values) and a 64-wide token it cannot (docs/notes/ablation.md).
         """
         if self.config.pred == "v":
             return out

@@ -5,21 +5,18 @@
     onednn_linear(x, weight, bias)           F.linear(x, weight, bias) computed as a 1x1 convolution
 
 On a CPU PyTorch sends an fp32 ``F.linear`` to its BLAS (MKL in the x86 wheels) and a convolution to
-oneDNN. On our 2-core AMD EPYC with AVX-512, MKL's best square fp32 matmul ran at 223 GFLOP/s and
-oneDNN's at 448 (``python benchmarks/bench_train.py`` prints both; ``MKL_ENABLE_INSTRUCTIONS=AVX512``
-changed nothing). A
-linear map applied to every token is a 1x1 convolution over a one-pixel-wide image whose pixels are the
-tokens, and a contiguous (..., D) tensor already is such an image in channels-last layout, so the
-convolution reads and writes the tokens where they lie. The forward and backward of dit-1.9m's token
-linears ran 1.7-2.0x faster this way, and a whole fp32 training step of ``tinydit train`` 1.28x and
-1.36x (benchmarks/README.md).
+oneDNN, and on some CPUs (our AMD EPYC among them) MKL runs far below oneDNN's rate
+(``python benchmarks/bench_train.py`` prints both). A linear map applied to every token is a 1x1
+convolution over a one-pixel-wide image whose pixels are the tokens, and a contiguous (..., D) tensor
+already is such an image in channels-last layout, so the convolution reads and writes the tokens
+where they lie. What that gains is measured in docs/speed.md ("Why the code is written as it is").
 
 Backends, chosen per process with ``LINEAR.use(name)`` (``linear_backend``) (for benchmarks and tests):
 
 - ``blas``: ``F.linear``.
 - ``onednn``: ``onednn_linear`` for inputs on a CPU, ``F.linear`` elsewhere.
 - ``auto`` (the default): ``onednn`` for fp32 inputs on a CPU outside autocast where a probe, run once
-  per process on first use (about 30 ms), timed oneDNN at least ``PROBE_SPEEDUP`` times faster than
+  per process on first use (tens of milliseconds), timed oneDNN at least ``PROBE_SPEEDUP`` times faster than
   BLAS; ``blas`` everywhere else. The margin keeps a machine where the two libraries are level on
   BLAS, so that a noisy probe cannot flip the choice. Under bf16 autocast PyTorch already sends
   linear maps to oneDNN, and in the trainer the convolution gained nothing there; on a GPU both go to
@@ -27,8 +24,8 @@ Backends, chosen per process with ``LINEAR.use(name)`` (``linear_backend``) (for
 
 PyTorch (2.14) hands a one-image fp32 convolution to oneDNN only above 20,480 input values and with
 more than one thread. Smaller inputs (one or two images) get its generic kernel, which copies them and
-was slightly slower than ``F.linear`` (0.09 against 0.06 ms for 64 tokens of width 128): too little to
-be worth a second rule. With one thread every input gets that kernel, the probe times it too, and it
+was slightly slower than ``F.linear``, by too little to be worth a second rule (docs/speed.md). With
+one thread every input gets that kernel, the probe times it too, and it
 finds nothing to gain.
 
 The two kernels sum in different orders, so their outputs differ by float32 rounding (about 1e-7
@@ -76,9 +73,8 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
     Eager code calls the convolution directly. Compiled code calls it as one opaque operator
     (``tinydit::onednn_linear``, with its own backward), because Inductor would otherwise lay the
-    one-pixel-wide image out channels-first, and oneDNN then converts it, in and out, at every call: a
-    compiled fp32 training step of dit-1.9m ran at 0.94x eager that way, 1.12x and 1.17x through the
-    operator (``benchmarks/bench_train.py --modes``, two runs; benchmarks/README.md).
+    one-pixel-wide image out channels-first, and oneDNN then converts it, in and out, at every call,
+    which made compiled code slower than eager (``benchmarks/bench_train.py --modes``; docs/speed.md).
     """
     if x.numel() == 0:  # no pixels to convolve
         return F.linear(x, weight, bias)

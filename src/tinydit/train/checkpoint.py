@@ -7,6 +7,7 @@ the previous checkpoint whole.
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import sys
 import threading
@@ -19,8 +20,10 @@ from tinydit.config import TRAJECTORY_FIELDS, TrainConfig, canonical_name
 from tinydit.errors import TinyDiTError
 from tinydit.files import atomic_write
 from tinydit.models.checkpoint import FORMAT, FORMAT_VERSION
+from tinydit.models.registry import config_from_dict, preset_config
 
-__all__ = ["save_checkpoint", "check_same_run", "check_same_schedule", "GracefulInterrupt"]
+__all__ = ["save_checkpoint", "check_same_run", "check_same_schedule", "model_config_for", "restore",
+           "GracefulInterrupt"]
 
 
 def save_checkpoint(path: str | Path, state: dict) -> None:
@@ -62,6 +65,40 @@ def check_same_schedule(old: TrainConfig, new: TrainConfig, step: int, out: Path
             f"{new.cooldown} now), so its schedule is fixed: finish it with `steps` {old.steps} `cooldown` "
             f"{old.cooldown}, or train another run (`out`, `overwrite`)"
         )
+
+
+def model_config_for(cfg: TrainConfig, fields: dict, state: dict | None, teacher: dict | None):
+    """The run's model config: the preset with the data's ``fields`` and the run's switches; a student's
+    is its teacher's with the step-size input. A continued run keeps the architecture it started with,
+    even if its preset has changed since (presets follow the ablations); only the data must still fit."""
+    if teacher is not None:
+        return dataclasses.replace(config_from_dict(cfg.model, teacher["model_config"]), shortcut=True)
+    config = preset_config(cfg.model, cfg.preset, **fields, **cfg.arch_overrides(),
+                           shortcut=cfg.few_step == "shortcut", cond=cfg.cond)  # fmt: skip
+    if state is not None:
+        stored = config_from_dict(cfg.model, state["model_config"])
+        if all(getattr(stored, f) == getattr(config, f) for f in fields):
+            return stored
+    return config
+
+
+def restore(state: dict, path: Path, kind: str, config, classes: list[str], model, ema, opt,
+            scaler) -> tuple[int, float]:  # fmt: skip
+    """Load a checkpoint into the run's model, EMA, optimizer and gradient scaler; returns (step, seconds)."""
+    if config_from_dict(kind, state["model_config"]) != config:
+        raise TinyDiTError(f"{path} holds another model ({state['model_config']}); choose another `out`")
+    if state["data"]["classes"] != classes:
+        raise TinyDiTError(f"the classes of the data changed since {path} was written ({state['data']['classes']} "
+                           f"-> {classes}); choose another `out`")  # fmt: skip
+    model.load_state_dict(state["model"])
+    ema.load_state_dict(state["ema"])
+    opt.load_state_dict(state["optimizer"])
+    if "grad_scaler" in state and scaler.is_enabled():
+        scaler.load_state_dict(state["grad_scaler"])
+    torch.set_rng_state(state["rng"]["torch"])
+    if torch.cuda.is_available() and state["rng"].get("cuda"):
+        torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+    return int(state["step"]), float(state["train_seconds"])
 
 
 class GracefulInterrupt:

@@ -115,7 +115,8 @@ def prepare_data(cfg: TrainConfig, state: dict | None = None, dataset: Dataset |
         return data
     data.train_set, data.n_held_out = _hold_out(train_set, cfg.held_out_phrases(), cfg.holdout)
     stored = state.get("tokenizer") if state is not None else None
-    data.tokenizer = Tokenizer.from_dict(stored) if stored is not None else Tokenizer.from_captions(data.train_set.captions)
+    data.tokenizer = (Tokenizer.from_dict(stored) if stored is not None
+                      else Tokenizer.from_captions(data.train_set.captions))  # fmt: skip
     data.train_tokens = data.tokenizer.encode(data.train_set.captions)
     data.val_tokens = data.tokenizer.encode(val_set.captions, warn=False)  # unseen words: <unk>
     # The sample grids' rows: for shapes a fixed list (held-out combinations included), else the first 8

@@ -12,22 +12,16 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
-import json
-import math
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch.utils.data import Dataset
-from tqdm.auto import tqdm
 
-from tinydit import __version__
 from tinydit.config import TrainConfig
 from tinydit.errors import TinyDiTError
-from tinydit.files import ensure_writable_dir, write_text
+from tinydit.files import ensure_writable_dir
 from tinydit.flow import distill
 from tinydit.flow.guidance import null_condition
 from tinydit.flow.path import N_T_BINS, flow_loss, sample_t, t_bins
@@ -37,7 +31,7 @@ from tinydit.models.checkpoint import load_checkpoint, unwrap
 from tinydit.models.dit import count_params
 from tinydit.models.linear import linear_backend
 from tinydit.models.linear import resolve_backend as resolve_linear
-from tinydit.models.registry import build_model, config_from_dict, preset_config
+from tinydit.models.registry import build_model
 from tinydit.runtime import (
     autocast,
     make_grad_scaler,
@@ -47,9 +41,10 @@ from tinydit.runtime import (
     resolve_precision,
 )
 from tinydit.train import optim
-from tinydit.train.checkpoint import GracefulInterrupt, check_same_run, save_checkpoint
+from tinydit.train.checkpoint import GracefulInterrupt, check_same_run, model_config_for, restore, save_checkpoint
 from tinydit.train.data import canonical_data, prepare_data
 from tinydit.train.diagnostics import sample_grid, validation_losses
+from tinydit.train.log import RunLog
 from tinydit.train.teacher import load_teacher, run_paths
 
 __all__ = ["Trainer", "TrainResult"]
@@ -76,6 +71,7 @@ class Trainer:
                  dataset: Dataset | None = None, val_dataset: Dataset | None = None):  # fmt: skip
         self.cfg, self.progress = cfg, progress
         self.out = Path(cfg.out)
+        self.log = RunLog(self.out, progress)
         self.ckpt_path = self.out / "checkpoint.pt"
         self.device = resolve_device(cfg.device)
         self.precision = resolve_precision(cfg.precision, self.device)
@@ -93,7 +89,7 @@ class Trainer:
             raise TinyDiTError(f"`resume` given, but {self.ckpt_path} does not exist; drop `resume` to start a run")
         self.data = prepare_data(cfg, state, dataset, val_dataset)
         self.text = cfg.cond == "text"
-        self.model_config = self._model_config(state)
+        self.model_config = model_config_for(cfg, self.data.model_fields(), state, self.teacher_state)
         # A continuation on the same kind of device in the same precision keeps its token-linear kernel.
         saved = state.get("kernels") if state is not None else None
         same = saved is not None and (saved["device"], saved["precision"]) == (self.device.type, self.precision)
@@ -116,15 +112,17 @@ class Trainer:
         self.ema_forward = maybe_compile(self.ema, self.compiled)
         self.step, self.train_seconds = 0, 0.0
         if state is not None:
-            self._restore(state)
+            self.step, self.train_seconds = restore(state, self.ckpt_path, cfg.model, self.model_config,
+                                                    self.train_set.classes, self.model, self.ema, self.opt,
+                                                    self.scaler)  # fmt: skip
         elif overwrite:
             (self.out / "metrics.jsonl").unlink(missing_ok=True)
         self.paths = self.val_paths = None  # distillation: the teacher's paths (tinydit.train.teacher)
         if self.teacher_state is not None:
             self.paths, self.val_paths = run_paths(cfg, self.teacher_state, self.out / "teacher_paths.pt",
                                                    self.device, self.precision, self.progress)  # fmt: skip
-            self._log({"step": self.step, "teacher_paths": len(self.paths), "teacher_nfe": self.paths.nfe,
-                       "teacher_seconds": round(self.paths.seconds, 1)})  # fmt: skip
+            self.log.record({"step": self.step, "teacher_paths": len(self.paths), "teacher_nfe": self.paths.nfe,
+                             "teacher_seconds": round(self.paths.seconds, 1)})  # fmt: skip
         self.n_train = len(self.paths) if self.paths is not None else len(self.train_set)
         self.batch_size = min(cfg.batch_size, self.n_train)
         self.steps_per_epoch = self.n_train // self.batch_size
@@ -139,45 +137,15 @@ class Trainer:
     prompts = property(lambda self: self.data.prompts)
     n_held_out = property(lambda self: self.data.n_held_out)
 
-    def _model_config(self, state: dict | None):
-        if self.teacher_state is not None:
-            teacher = config_from_dict(self.cfg.model, self.teacher_state["model_config"])
-            return dataclasses.replace(teacher, shortcut=True)
-        fields = self.data.model_fields()
-        config = preset_config(self.cfg.model, self.cfg.preset, **fields, **self.cfg.arch_overrides(),
-                               shortcut=self.cfg.few_step == "shortcut", cond=self.cfg.cond)  # fmt: skip
-        if state is not None:
-            # A run keeps the architecture it started with, even if its preset has changed since (presets
-            # follow the ablations); only the data's shape must still match.
-            stored = config_from_dict(self.cfg.model, state["model_config"])
-            if all(getattr(stored, f) == getattr(config, f) for f in fields):
-                return stored
-        return config
-
-    def _restore(self, state: dict) -> None:
-        if config_from_dict(self.cfg.model, state["model_config"]) != self.model_config:
-            raise TinyDiTError(f"{self.ckpt_path} holds another model ({state['model_config']}); choose another `out`")
-        if state["data"]["classes"] != self.train_set.classes:
-            raise TinyDiTError(f"the classes of {self.cfg.data} changed since {self.ckpt_path} was written "
-                               f"({state['data']['classes']} -> {self.train_set.classes}); choose another `out`")  # fmt: skip
-        self.model.load_state_dict(state["model"])
-        self.ema.load_state_dict(state["ema"])
-        self.opt.load_state_dict(state["optimizer"])
-        if "grad_scaler" in state and self.scaler.is_enabled():
-            self.scaler.load_state_dict(state["grad_scaler"])
-        self.step, self.train_seconds = int(state["step"]), float(state["train_seconds"])
-        torch.set_rng_state(state["rng"]["torch"])
-        if torch.cuda.is_available() and state["rng"].get("cuda"):
-            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
-
     def state_dict(self) -> dict:
         """The checkpoint: everything needed to sample from the run or to continue it exactly."""
         text = {"tokenizer": self.tokenizer.to_dict()} if self.text else {}
         return {
             "model_type": self.cfg.model, "model_config": self.model_config.to_dict(), **text,
             "train_config": self.cfg.to_dict(),
-            "data": {"name": self.data.name, "classes": list(self.train_set.classes), "channels": self.train_set.channels,
-                     "img_size": self.train_set.img_size, **({"prompts": list(self.prompts)} if self.text else {})},
+            "data": {"name": self.data.name, "classes": list(self.train_set.classes),
+                     "channels": self.train_set.channels, "img_size": self.train_set.img_size,
+                     **({"prompts": list(self.prompts)} if self.text else {})},
             "model": unwrap(self.model).state_dict(), "ema": unwrap(self.ema).state_dict(),
             "optimizer": self.opt.state_dict(), "grad_scaler": self.scaler.state_dict(),
             "step": self.step, "train_seconds": self.train_seconds,
@@ -206,21 +174,12 @@ class Trainer:
         return linear_backend(self.linear_kernel) if self.linear_kernel else contextlib.nullcontext()
 
     def _write_config(self) -> None:
-        resolved = {"train": self.cfg.to_dict(), "model_type": self.cfg.model, "model": self.model_config.to_dict(),
-                    "data": {"name": self.data.name, "classes": self.train_set.classes,
-                             "train_images": len(self.train_set)},
-                    "params": count_params(self.model), "device": str(self.device), "precision": self.precision,
-                    "compile": self.compiled, "kernels": self.kernels(), "tinydit_version": __version__,
-                    "torch_version": torch.__version__}  # fmt: skip
-        if self.text:
-            resolved["text"] = {"vocab_size": self.tokenizer.vocab_size, "text_len": self.tokenizer.max_len,
-                                "holdout": list(self.cfg.held_out_phrases()), "held_out_images": self.n_held_out,
-                                "grid_prompts": self.prompts}  # fmt: skip
-        write_text(self.out / "config.json", json.dumps(resolved, indent=2) + "\n")
-
-    def _log(self, record: dict) -> None:
-        with open(self.out / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
+        """config.json: the resolved config, what the run runs on, and the kernels it gets."""
+        text = {"vocab_size": self.tokenizer.vocab_size, "text_len": self.tokenizer.max_len,
+                "holdout": list(self.cfg.held_out_phrases()), "held_out_images": self.n_held_out,
+                "grid_prompts": self.prompts} if self.text else None  # fmt: skip
+        self.log.write_config(self.cfg, self.model_config, self.data, count_params(self.model), self.device,
+                              self.precision, self.compiled, self.kernels(), text)  # fmt: skip
 
     # ---------------------------------------------------------------------------------- one step
 
@@ -242,7 +201,8 @@ class Trainer:
         if self.paths is not None:  # distillation: no guidance dropout, guidance is in the teacher's paths
             states = self.paths.states[idx].to(dev, non_blocking=True)  # (N, KNOTS + 1, C, H, W) float16
             with autocast(dev, self.precision):
-                return self._optimizer_step(distill.distill_loss(self.forward, states, self.paths.y[idx].to(dev), generator=g))
+                loss = distill.distill_loss(self.forward, states, self.paths.y[idx].to(dev), generator=g)
+            return self._optimizer_step(loss)
         x, y = self.data.batch(True, idx, generator=g, device=dev)  # (N, C, H, W), (N,) or (N, L)
         n = x.shape[0]
         t = sample_t(n, generator=g, device=dev, kind=cfg.t_sampling, shift=cfg.t_shift)  # (N,)
@@ -290,7 +250,7 @@ class Trainer:
         val = self.validation_loss(self.model)
         val_ema, by_t = self.validation_losses(self.ema)
         key = "val_loss_ema_by_steps" if self.paths is not None else "val_loss_ema_by_t"
-        self._log({"step": self.step, "val_loss": val, "val_loss_ema": val_ema, key: [round(v, 5) for v in by_t]})
+        self.log.record({"step": self.step, "val_loss": val, "val_loss_ema": val_ema, key: [round(v, 5) for v in by_t]})
         return val, val_ema, by_t
 
     def sample_grid(self) -> Path:
@@ -318,14 +278,13 @@ class Trainer:
             return self._fit()
 
     def _fit(self) -> TrainResult:
-        cfg = self.cfg
+        cfg, log = self.cfg, self.log
         started = time.perf_counter()
         if self._done(started):
-            print(f"{self.out}: already trained to step {self.step}; raise --steps or --minutes to continue",
-                  file=sys.stderr)  # fmt: skip
+            log.say(f"{self.out}: already trained to step {self.step}; raise --steps or --minutes to continue")
             return TrainResult(self.step, self.train_seconds, None, None, self.ckpt_path, None)
-        self._announce()
-        bar = tqdm(total=cfg.steps, initial=self.step, unit="step", disable=not self.progress, dynamic_ncols=True)
+        log.announce(self.step, self.out, self.cfg, self.data, count_params(self.model), self.device)
+        log.start(cfg.steps, self.step)
         self.model.train()
         loss_sum, loss_n = torch.zeros((), device=self.device), 0  # summed on the device: no sync per step
         window_start, window_step = time.perf_counter(), self.step
@@ -335,13 +294,15 @@ class Trainer:
             while not self._done(started) and not interrupt.requested:
                 loss_sum += self.train_step()
                 loss_n += 1
-                bar.update(1)
+                log.bar.update(1)
                 s = self.step
                 if s % cfg.log_every == 0 or self._done(started):
-                    now = time.perf_counter()
+                    now, seconds = time.perf_counter(), self._seconds(started)
                     img_s = (s - window_step) * self.batch_size / max(now - window_start, 1e-9)
-                    bar.set_postfix(self._log_window(s, (loss_sum / loss_n).item(), img_s, started))
-                    loss_sum.zero_()
+                    left = cfg.minutes * 60 - seconds if cfg.minutes is not None else None
+                    log.window(s, (loss_sum / loss_n).item(), img_s, self.lr_at(s - 1), seconds,
+                               self.bin_loss / self.bin_count, left)  # fmt: skip
+                    self.bin_loss.zero_(), self.bin_count.zero_(), loss_sum.zero_()
                     loss_n, window_start, window_step = 0, now, s
                 if s % cfg.val_every == 0:
                     val, val_ema, by_t = self._validate()
@@ -350,55 +311,18 @@ class Trainer:
                 if s % cfg.ckpt_every == 0:
                     self.train_seconds, started = self._seconds(started), time.perf_counter()
                     self.save()
-        bar.close()
+        log.close()
         self.train_seconds = self._seconds(started)
         if interrupt.requested:
             self.save()
-            print(f"interrupted at step {self.step}; checkpoint saved to {self.ckpt_path}. "
-                  "Re-run the same command to continue.", file=sys.stderr)  # fmt: skip
+            log.say(f"interrupted at step {self.step}; checkpoint saved to {self.ckpt_path}. "
+                    "Re-run the same command to continue.")  # fmt: skip
             raise KeyboardInterrupt
         if self.step % cfg.val_every:
             val, val_ema, by_t = self._validate()
         if self.step % cfg.sample_every:
             samples = self.sample_grid()
         self.save()
-        self._report(val, val_ema, by_t, samples)
+        log.report(self.step, self.train_seconds / 60, val, val_ema, by_t, self.ckpt_path, samples,
+                   self.paths is not None)  # fmt: skip
         return TrainResult(self.step, self.train_seconds, val, val_ema, self.ckpt_path, samples)
-
-    def _log_window(self, s: int, loss: float, img_s: float, started: float) -> dict:
-        """Log the steps since the last line to metrics.jsonl; returns the progress bar's postfix."""
-        if not math.isfinite(loss):
-            raise TinyDiTError(f"the training loss became {loss} by step {s}; the last good checkpoint is kept. "
-                               "Lower `lr` (or raise `warmup`) and start again with `overwrite`")  # fmt: skip
-        by_t = (self.bin_loss / self.bin_count).tolist()  # NaN where no time fell in a bin
-        self._log({"step": s, "loss": loss, "lr": self.lr_at(s - 1), "img_per_s": img_s,
-                   "train_seconds": self._seconds(started),
-                   "loss_by_t": [round(v, 5) if math.isfinite(v) else None for v in by_t]})  # fmt: skip
-        self.bin_loss.zero_()
-        self.bin_count.zero_()
-        postfix = {"loss": f"{loss:.4f}", "img/s": f"{img_s:.0f}"}
-        if self.cfg.minutes is not None:
-            left = max(0.0, self.cfg.minutes * 60 - self._seconds(started))
-            postfix["left"] = time.strftime("%M:%S", time.gmtime(left))
-        return postfix
-
-    def _announce(self) -> None:
-        if self.step:
-            print(f"continuing {self.out} from step {self.step}", file=sys.stderr)
-            return
-        what = f"{self.cfg.preset}, text-conditioned," if self.text else self.cfg.preset
-        held = f", {self.n_held_out} held out: {self.cfg.holdout}" if self.n_held_out else ""
-        ds = self.train_set
-        print(f"training {what} ({count_params(self.model) / 1e6:.2f}M parameters) on {self.data.name} ({len(ds)} "
-              f"images, {ds.channels}x{ds.img_size}x{ds.img_size}{held}) on {self.device}; run directory {self.out}",
-              file=sys.stderr)  # fmt: skip
-
-    def _report(self, val, val_ema, by_t, samples) -> None:
-        print(f"step {self.step}: val loss {val:.4f} (EMA {val_ema:.4f}) after {self.train_seconds / 60:.1f} min; "
-              f"checkpoint {self.ckpt_path}, samples {samples}", file=sys.stderr)  # fmt: skip
-        if self.paths is not None:
-            pairs = zip(distill.STUDENT_STEPS, by_t, strict=True)
-            print("EMA val loss by step count: " + ", ".join(f"{n} steps {v:.4f}" for n, v in pairs), file=sys.stderr)
-        else:
-            print(f"EMA val loss by t (0 = data ... 1 = noise, {N_T_BINS} bins): " + " ".join(f"{v:.3f}" for v in by_t),
-                  file=sys.stderr)  # fmt: skip

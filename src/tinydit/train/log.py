@@ -1,0 +1,86 @@
+"""What a run tells as it trains: ``metrics.jsonl`` (one JSON line per logging window, validation and
+event), the progress bar, and the lines printed at its start and end."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from tinydit import __version__
+from tinydit.errors import TinyDiTError
+from tinydit.files import write_text
+from tinydit.flow import distill
+from tinydit.flow.path import N_T_BINS
+
+__all__ = ["RunLog"]
+
+
+class RunLog:
+    """The run's log: ``record`` appends to metrics.jsonl; ``window`` logs the training steps since the
+    last window; ``bar`` is the progress bar of ``fit`` (off with ``progress=False``)."""
+
+    def __init__(self, out: Path, progress: bool = True):
+        self.path, self.progress, self.bar = out / "metrics.jsonl", progress, None
+
+    def record(self, record: dict) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def start(self, total: int | None, initial: int) -> None:
+        self.bar = tqdm(total=total, initial=initial, unit="step", disable=not self.progress, dynamic_ncols=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    def window(self, step: int, loss: float, img_s: float, lr: float, seconds: float, by_t: torch.Tensor,
+               left: float | None) -> None:  # fmt: skip
+        """Log the loss (overall and per bin of t: NaN where no time fell), rate and time of a window."""
+        if not math.isfinite(loss):
+            raise TinyDiTError(f"the training loss became {loss} by step {step}; the last good checkpoint is kept. "
+                               "Lower `lr` (or raise `warmup`) and start again with `overwrite`")  # fmt: skip
+        self.record({"step": step, "loss": loss, "lr": lr, "img_per_s": img_s, "train_seconds": seconds,
+                     "loss_by_t": [round(v, 5) if math.isfinite(v) else None for v in by_t.tolist()]})  # fmt: skip
+        postfix = {"loss": f"{loss:.4f}", "img/s": f"{img_s:.0f}"}
+        if left is not None:
+            postfix["left"] = time.strftime("%M:%S", time.gmtime(max(0.0, left)))
+        self.bar.set_postfix(postfix)
+
+    @staticmethod
+    def say(message: str) -> None:
+        print(message, file=sys.stderr)
+
+    def announce(self, step: int, out: Path, cfg, data, params: int, device) -> None:
+        if step:
+            return self.say(f"continuing {out} from step {step}")
+        what = f"{cfg.preset}, text-conditioned," if cfg.cond == "text" else cfg.preset
+        held = f", {data.n_held_out} held out: {cfg.holdout}" if data.n_held_out else ""
+        ds = data.train_set
+        self.say(f"training {what} ({params / 1e6:.2f}M parameters) on {data.name} ({len(ds)} images, "
+                 f"{ds.channels}x{ds.img_size}x{ds.img_size}{held}) on {device}; run directory {out}")
+
+    def write_config(self, cfg, model_config, data, params: int, device, precision: str, compiled: bool,
+                     kernels: dict, text: dict | None) -> None:  # fmt: skip
+        """``config.json``: the resolved training and model config, what the run runs on, and versions."""
+        resolved = {"train": cfg.to_dict(), "model_type": cfg.model, "model": model_config.to_dict(),
+                    "data": {"name": data.name, "classes": data.train_set.classes, "train_images": len(data.train_set)},
+                    "params": params, "device": str(device), "precision": precision, "compile": compiled,
+                    "kernels": kernels, "tinydit_version": __version__, "torch_version": torch.__version__,
+                    **({"text": text} if text is not None else {})}  # fmt: skip
+        write_text(self.path.parent / "config.json", json.dumps(resolved, indent=2) + "\n")
+
+    def report(self, step: int, minutes: float, val, val_ema, by_t, checkpoint: Path, samples, distilled: bool):
+        self.say(f"step {step}: val loss {val:.4f} (EMA {val_ema:.4f}) after {minutes:.1f} min; checkpoint "
+                 f"{checkpoint}, samples {samples}")  # fmt: skip
+        if distilled:
+            pairs = zip(distill.STUDENT_STEPS, by_t, strict=True)
+            self.say("EMA val loss by step count: " + ", ".join(f"{n} steps {v:.4f}" for n, v in pairs))
+        else:
+            bins = " ".join(f"{v:.3f}" for v in by_t)
+            self.say(f"EMA val loss by t (0 = data ... 1 = noise, {N_T_BINS} bins): {bins}")
