@@ -121,7 +121,7 @@ def test_accepted_sizes_dtypes_and_layouts():
         to_eval_images(x.int(), "fashion-mnist")
     with pytest.raises(TinyDiTError, match="accepted sizes are 3x32x32"):
         to_eval_images(torch.zeros(2, 1, 28, 28), "shapes")
-    with pytest.raises(TinyDiTError, match="no offline feature network for cifar10.*--inception"):
+    with pytest.raises(TinyDiTError, match="no offline feature network for cifar10.*`inception`"):
         evaluate(torch.zeros(20, 3, 32, 32), None, "cifar10")
 
 
@@ -221,7 +221,7 @@ def test_inception_fid_with_local_weights_and_clear_error_offline(tmp_path, monk
     other = evaluate(blur(ref.images, 3), None, str(folder), inception_weights=weights, cache_dir=tmp_path / "c")
     assert same["fid_inception"] == pytest.approx(0, abs=1e-3) and other["fid_inception"] > 1e-3
     assert "fid_shapes_cnn" not in same and other["feature_nets"]["inception"]["cache_hit"]
-    with pytest.raises(TinyDiTError, match="--inception-weights .* does not exist"):
+    with pytest.raises(TinyDiTError, match="`inception_weights` .* does not exist"):
         evaluate(ref.images, None, "shapes", inception_weights=tmp_path / "missing.pth")
     from fractions import Fraction
 
@@ -233,5 +233,5 @@ def test_inception_fid_with_local_weights_and_clear_error_offline(tmp_path, monk
     # Nothing cached and the download refused (a closed local port stands in for being offline).
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "hub"))
     monkeypatch.setattr("torch_fidelity.feature_extractor_inceptionv3.URL_INCEPTION_V3", "http://127.0.0.1:9/x.pth")
-    with pytest.raises(TinyDiTError, match="could not be downloaded.*--inception-weights PATH"):
+    with pytest.raises(TinyDiTError, match="could not be downloaded.*`inception_weights` PATH"):
         InceptionFeatures(None)

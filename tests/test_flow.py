@@ -9,8 +9,9 @@ from tinydit.api import resolve_labels
 from tinydit.errors import TinyDiTError
 from tinydit.flow import flow_loss, interpolate, velocity_target
 from tinydit.flow.generate import class_cycle, generate
+from tinydit.flow.grids import time_grid
 from tinydit.flow.guidance import guided_velocity
-from tinydit.flow.samplers import euler_sample, time_grid
+from tinydit.flow.samplers import euler_sample
 from tinydit.models.dit import DiT, DiTConfig
 
 

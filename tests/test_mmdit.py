@@ -134,7 +134,7 @@ def test_the_last_joint_block_keeps_only_the_text_keys_and_values():
 
 
 def test_config_errors_name_the_fix():
-    with pytest.raises(TinyDiTError, match="use --model dit for class labels"):
+    with pytest.raises(TinyDiTError, match="use `model` dit for class labels"):
         MMDiTConfig(cond="class", **TEXT)
     with pytest.raises(TinyDiTError, match="take both from the tokenizer"):
         MMDiTConfig()

@@ -19,7 +19,7 @@ def test_points_cover_every_combination_and_dopri5_runs_over_tolerances():
     assert parse_list("4, 8,16", int, "--steps") == [4, 8, 16] and parse_list("1e-2", float, "--tols") == [0.01]
     with pytest.raises(TinyDiTError, match="--steps takes a comma-separated list such as 4,8,16, got '4,x'"):
         parse_list("4,x", int, "--steps")
-    with pytest.raises(TinyDiTError, match="unknown sampler 'rk4' in --samplers"):
+    with pytest.raises(TinyDiTError, match="unknown sampler 'rk4' in `samplers`"):
         sweep_points(["euler", "rk4"], [4], [1.0], [1e-2])
 
 

@@ -32,16 +32,16 @@ def check_output(path: str | Path) -> Path:
     path = Path(path)
     folder = path if not path.suffix else path.parent
     if folder.exists() and not folder.is_dir():
-        raise TinyDiTError(f"{folder} exists and is not a directory; choose another --out")
+        raise TinyDiTError(f"{folder} exists and is not a directory; choose another `out`")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise TinyDiTError(f"cannot create output directory {folder} ({err.strerror}); choose another --out") from err
+        raise TinyDiTError(f"cannot create output directory {folder} ({err.strerror}); choose another `out`") from err
     if not os.access(folder, os.W_OK):
-        raise TinyDiTError(f"output directory {folder} is not writable; choose another --out")
+        raise TinyDiTError(f"output directory {folder} is not writable; choose another `out`")
     if path.suffix and path.suffix.lower() not in IMAGE_SUFFIXES | {".npz"}:
         raise TinyDiTError(
-            f"--out {path}: use an image file ({', '.join(sorted(IMAGE_SUFFIXES))}), an .npz, or a directory"
+            f"`out` {path}: use an image file ({', '.join(sorted(IMAGE_SUFFIXES))}), an .npz, or a directory"
         )
     return path
 

@@ -97,7 +97,7 @@ def load_samples(path: str | Path, classes: list[str] | None = None) -> tuple[np
         except (zipfile.BadZipFile, ValueError, OSError) as err:
             raise TinyDiTError(f"{path} is not a readable .npz of arrays ({type(err).__name__}: {err})") from err
     if not path.is_dir():
-        raise TinyDiTError(f"--samples {path}: pass an .npz file or a folder of images")
+        raise TinyDiTError(f"`samples` {path}: pass an .npz file or a folder of images")
     files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMG_EXTS)
     if not files:
         raise TinyDiTError(f"no images in {path}")
@@ -220,7 +220,7 @@ def evaluate(
             raise TinyDiTError(f"{y.shape[0]} labels for {fake.shape[0]} samples; give one label per sample")
     if spec.feature_net is None and not (inception or inception_weights):
         raise TinyDiTError(f"no offline feature network for {data}: offline metrics exist for fashion-mnist and "
-                           "shapes; use --inception (or --inception-weights PATH) for Inception FID")
+                           "shapes; use `inception` (or `inception_weights` PATH) for Inception FID")
     out: dict = {}
     nets: dict = {}
     if spec.feature_net is not None:
@@ -307,12 +307,12 @@ def generate_for_eval(
 
     settings = sampler_settings(sampler, steps, cfg_scale, **options)  # checks them before any work
     if n < 1:
-        raise TinyDiTError(f"--n must be >= 1, got {n}")
+        raise TinyDiTError(f"`n` must be >= 1, got {n}")
     model, state = load_model(checkpoint, map_location=device)
     warn_if_untrained_settings(state, sampler, steps, cfg_scale, options.get("grid") or "uniform")
     trained_on = state["data"]["name"]
     if data is not None and canonical_name(data) != trained_on:
-        raise TinyDiTError(f"{checkpoint} was trained on {trained_on}, not {data}; drop --data")
+        raise TinyDiTError(f"{checkpoint} was trained on {trained_on}, not {data}; drop `data`")
     eval_spec(trained_on)
     classes = state["data"]["classes"]
     y, labels, attrs = eval_conditions(state, n)

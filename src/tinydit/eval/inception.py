@@ -35,11 +35,11 @@ class InceptionFeatures:
         if weights is not None:
             weights = Path(weights)
             if not weights.is_file():
-                raise TinyDiTError(f"--inception-weights {weights} does not exist")
+                raise TinyDiTError(f"`inception_weights` {weights} does not exist")
             try:  # torch-fidelity unpickles the file in full; only let plain tensors through
                 torch.load(weights, map_location="cpu", weights_only=True)
             except Exception as err:
-                raise TinyDiTError(f"--inception-weights {weights} is not a plain state dict of weights "
+                raise TinyDiTError(f"`inception_weights` {weights} is not a plain state dict of weights "
                                    f"({type(err).__name__}); pass pt_inception-2015-12-05-6726825d.pth") from err
             self.sha256 = file_sha256(weights)
         else:
@@ -51,7 +51,7 @@ class InceptionFeatures:
             raise TinyDiTError(
                 f"the Inception weights could not be {'loaded' if weights else 'downloaded'} "
                 f"({type(err).__name__}: {str(err).splitlines()[0][:120]}). Offline, pass a local copy with "
-                "--inception-weights PATH, or use the offline metrics (the default)"
+                "`inception_weights` PATH, or use the offline metrics (the default)"
             ) from err
 
     @torch.no_grad()

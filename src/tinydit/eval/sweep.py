@@ -46,11 +46,11 @@ COLUMNS = ("sampler", "steps", "tol", "cfg", "nfe", "fid_{net}", "kid_{net}_mean
 def sweep_points(samplers: list[str], steps: list[int], cfgs: list[float], tols: list[float]) -> list[dict]:
     """The combinations, in table order: {sampler, steps, tol, cfg}; dopri5 runs over ``tols`` instead of steps."""
     if any(not tol > 0 for tol in tols):
-        raise TinyDiTError(f"--tols must be positive numbers such as 1e-2,1e-3, got {','.join(map(str, tols))}")
+        raise TinyDiTError(f"`tols` must be positive numbers such as 1e-2,1e-3, got {','.join(map(str, tols))}")
     points = []
     for name in dict.fromkeys(samplers):  # in the given order, each once
         if name not in SAMPLER_NAMES:
-            raise TinyDiTError(f"unknown sampler {name!r} in --samplers: use some of {', '.join(SAMPLER_NAMES)}")
+            raise TinyDiTError(f"unknown sampler {name!r} in `samplers`: use some of {', '.join(SAMPLER_NAMES)}")
         for cfg in dict.fromkeys(cfgs):
             if name == "dopri5":
                 points += [{"sampler": name, "steps": None, "tol": tol, "cfg": cfg} for tol in dict.fromkeys(tols)]
@@ -102,7 +102,7 @@ def run_sweep(
     for point in points:  # every setting is checked before the first sample is drawn
         _settings_of(_sampler_kwargs(point, options))
     if n < MIN_SAMPLES:
-        raise TinyDiTError(f"--n {n} is too few samples to score; give at least {MIN_SAMPLES} (1000 or more "
+        raise TinyDiTError(f"`n` {n} is too few samples to score; give at least {MIN_SAMPLES} (1000 or more "
                            "for FIDs that differ by more than their noise)")  # fmt: skip
     out = Path(out)
     ensure_writable_dir(out)

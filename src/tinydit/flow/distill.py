@@ -119,5 +119,5 @@ def warn_if_untrained_settings(state: dict, sampler: str, steps: int, cfg_scale:
         return
     if sampler != "euler" or steps not in STUDENT_STEPS or cfg_scale != 1.0 or grid != "uniform":
         warnings.warn(f"this checkpoint is a distilled student, trained for {', '.join(map(str, STUDENT_STEPS))} "
-                      f"euler steps on the uniform grid at guidance 1 (--cfg 1); {sampler} with {steps} steps, "
+                      f"euler steps on the uniform grid at guidance 1 (`cfg_scale` 1); {sampler} with {steps} steps, "
                       f"{grid} grid and guidance {cfg_scale:g} were never trained", stacklevel=2)  # fmt: skip

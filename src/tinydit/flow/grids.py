@@ -12,7 +12,7 @@ import torch
 
 from tinydit.config import GRID_NAMES, check_sampler_args
 
-__all__ = ["DEFAULT_SHIFT", "GRIDS", "uniform_grid", "shifted_grid", "time_grid"]
+__all__ = ["DEFAULT_SHIFT", "GRIDS", "uniform_grid", "shifted_grid", "time_grid", "checked_time_grid"]
 
 DEFAULT_SHIFT = 3.0  # SD3's sampling shift (Esser et al. 2024, sec. 5.3.2)
 
@@ -39,6 +39,11 @@ assert tuple(GRIDS) == GRID_NAMES, "tinydit.config.GRID_NAMES lists every grid"
 def time_grid(steps: int, grid: str = "uniform", shift: float | None = None) -> torch.Tensor:
     """The grid called ``grid``: (steps + 1,) float64, t[0] = 1 and t[-1] = 0 exactly."""
     check_sampler_args(1, 1.0, grid=grid, shift=shift)  # the grid's name and shift
+    return checked_time_grid(steps, grid, shift)
+
+
+def checked_time_grid(steps: int, grid: str, shift: float | None) -> torch.Tensor:
+    """``time_grid`` for callers that checked ``grid`` and ``shift`` already (the samplers)."""
     ts = uniform_grid(steps) if grid == "uniform" else shifted_grid(steps, DEFAULT_SHIFT if shift is None else shift)
     ts[0], ts[-1] = 1.0, 0.0  # exact ends, whatever the rounding in between
     return ts

@@ -34,7 +34,7 @@ from torch import nn
 
 from tinydit.config import SAMPLER_NAMES, check_sampler_args
 from tinydit.errors import TinyDiTError
-from tinydit.flow.grids import time_grid, uniform_grid
+from tinydit.flow.grids import checked_time_grid, uniform_grid
 from tinydit.flow.guidance import Velocity
 
 __all__ = ["SampleResult", "SAMPLERS", "sample", "sample_path", "euler_sample", "heun_sample", "midpoint_sample",
@@ -85,7 +85,7 @@ def _fixed_steps(
     cfg_interval: tuple[float, float] | None,
 ) -> SampleResult:
     """Walk the time grid from t = 1 to t = 0 with ``step(f, x, t, t_next) -> x``, counting evaluations."""
-    f, ts = Velocity(model, y, cfg_scale, cfg_interval), time_grid(steps, grid, shift).tolist()
+    f, ts = Velocity(model, y, cfg_scale, cfg_interval), checked_time_grid(steps, grid, shift).tolist()
     x = noise
     for t, t_next in zip(ts[:-1], ts[1:], strict=True):
         x = step(f, x, t, t_next)
@@ -283,7 +283,7 @@ def _dopri5_piece(
         attempts += 1
         if attempts > MAX_DOPRI5_STEPS:
             raise TinyDiTError(f"dopri5 needed more than {MAX_DOPRI5_STEPS} steps between t = {t0:g} and "
-                               f"{t1:g} (stuck at t = {t:.3g}); loosen --rtol/--atol or use a fixed-step sampler")
+                               f"{t1:g} (stuck at t = {t:.3g}); loosen `rtol`/`atol` or use a fixed-step sampler")
     return x, size
 
 
@@ -312,7 +312,7 @@ def dopri5_sample(
     """
     rtol, atol = DEFAULT_TOL if rtol is None else rtol, DEFAULT_TOL if atol is None else atol
     f = Velocity(model, y, cfg_scale, cfg_interval)
-    size = 1.0 - time_grid(steps, grid, shift)[1].item()
+    size = 1.0 - checked_time_grid(steps, grid, shift)[1].item()
     switches = sorted({v for v in (f.lo, f.hi) if 0 < v < 1 and cfg_scale != 1.0}, reverse=True)
     ends = [1.0, *switches, 0.0]
     x = noise

@@ -46,7 +46,7 @@ class MMDiTConfig(DiTConfig):
     def __post_init__(self):
         if self.cond != "text":
             raise TinyDiTError(f"MMDiT is conditioned on text (its second stream is the caption), got cond="
-                               f"{self.cond!r}; use --model dit for class labels")  # fmt: skip
+                               f"{self.cond!r}; use `model` dit for class labels")  # fmt: skip
         if self.single_blocks < 0:
             raise TinyDiTError(f"MMDiTConfig.single_blocks must be >= 0, got {self.single_blocks}")
         super().__post_init__()

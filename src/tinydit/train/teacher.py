@@ -92,11 +92,11 @@ def load_teacher(path: str, model_type: str, data_name: str) -> dict:
     teacher = load_checkpoint(path)
     kind, cond = teacher.get("model_type", "dit"), teacher["model_config"].get("cond", "class")
     if kind != model_type or cond != "class":
-        raise TinyDiTError(f"--teacher {path} is a {kind} conditioned on {cond}; distillation needs a "
+        raise TinyDiTError(f"`teacher` {path} is a {kind} conditioned on {cond}; distillation needs a "
                            f"class-conditional {model_type}")  # fmt: skip
     if teacher["data"]["name"] != data_name:
-        raise TinyDiTError(f"--teacher {path} was trained on {teacher['data']['name']}, not {data_name}; "
-                           f"pass --data {teacher['data']['name']}")  # fmt: skip
+        raise TinyDiTError(f"`teacher` {path} was trained on {teacher['data']['name']}, not {data_name}; "
+                           f"pass `data` {teacher['data']['name']}")  # fmt: skip
     return teacher
 
 
