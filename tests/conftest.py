@@ -5,7 +5,7 @@ from tinydit.config import TrainConfig
 from tinydit.train import Trainer
 
 FAST = dict(preset="dit-0.2m", batch_size=16, limit=256, val_size=32, log_every=2, val_every=4,
-            sample_every=1000, ckpt_every=1000, sample_steps=2, warmup=2, precision="fp32")  # fmt: skip
+            sample_every=1000, ckpt_every=1000, sample_steps=2, warmup=2, precision="fp32", report=False)  # fmt: skip
 
 
 def dead_parameters_after_sgd(model, args, steps: int) -> list[str]:

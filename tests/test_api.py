@@ -74,7 +74,8 @@ def test_every_trainconfig_field_is_a_train_flag_with_its_default_and_comment():
     flags = flags_of(parser, "train")
     comments = field_comments(TrainConfig)
     for f in fields(TrainConfig):
-        assert flags[f.name] == "--" + f.name.replace("_", "-")
+        switched_off = f.type == "bool" and f.default is True  # a switch that is on: --no-name turns it off
+        assert flags[f.name] == ("--no-" if switched_off else "--") + f.name.replace("_", "-")
         assert comments[f.name], f"TrainConfig.{f.name} needs a comment: it is the flag's help"
     args = parser.parse_args(["train"])
     assert TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)}) == TrainConfig()

@@ -5,6 +5,7 @@
     evaluate(checkpoint= | samples=, out=)       -> metrics dict    tinydit eval
     sweep(checkpoint, out, samplers, steps, ...) -> rows            tinydit sweep
     presets()                                    -> rows            tinydit presets
+    report(run_dir)                              -> report.html     tinydit report
     load_model(checkpoint)                       -> (model, checkpoint dict): v = model(x, t, y)
 
 Arguments are checked here, once, before any work; errors name the parameter in backticks.
@@ -28,6 +29,7 @@ from tinydit.errors import TinyDiTError
 from tinydit.eval.evaluate import DEFAULT_CACHE, generate_for_eval, load_samples, to_eval_images
 from tinydit.eval.evaluate import evaluate as evaluate_images
 from tinydit.eval.report import write_report
+from tinydit.eval.run_report import write_run_report
 from tinydit.eval.sweep import run_sweep
 from tinydit.files import ensure_writable_dir
 from tinydit.flow.distill import warn_if_untrained_settings
@@ -38,7 +40,7 @@ from tinydit.models.registry import MODEL_TYPES, build_model, preset_config
 from tinydit.runtime import autocast, maybe_compile, resolve_compile, resolve_device, resolve_precision
 from tinydit.train import Trainer, TrainResult
 
-__all__ = ["train", "sample", "Samples", "evaluate", "sweep", "presets", "load_model", "resolve_labels",
+__all__ = ["train", "sample", "Samples", "evaluate", "sweep", "presets", "report", "load_model", "resolve_labels",
            "resolve_prompts"]  # fmt: skip
 
 
@@ -86,6 +88,7 @@ def sample(
     precision: str = "auto",
     compile: str = "auto",
     ema: bool = True,
+    progress: bool = False,
     **options,
 ) -> Samples:
     """Images from a checkpoint. Class models: ``n`` images (default 64) of ``classes`` (names or ids,
@@ -117,7 +120,8 @@ def sample(
         nrow = nrow or n
     started = time.perf_counter()
     with autocast(device, precision):
-        res = generate(forward, y, steps=steps, cfg_scale=cfg_scale, seed=seed, sampler=sampler, **options)
+        res = generate(forward, y, steps=steps, cfg_scale=cfg_scale, seed=seed, sampler=sampler, progress=progress,
+                       **options)  # fmt: skip
     x = res.x.float()
     if out is not None:
         write_samples(x, labels, out, names, nrow=nrow)
@@ -142,6 +146,7 @@ def evaluate(
     inception_weights: str | None = None,
     cache_dir: str | Path = DEFAULT_CACHE,
     command: str | None = None,
+    progress: bool = False,
     **options,
 ) -> dict:
     """Score ``n`` samples drawn from ``checkpoint``, or the images in ``samples`` (an .npz or a folder,
@@ -155,7 +160,7 @@ def evaluate(
         options = {k: v for k, v in options.items() if v is not None}
         images, labels, data, classes, extra = generate_for_eval(checkpoint, n, steps, cfg_scale, seed,
                                                                  resolve_device(device), data, sampler=sampler,
-                                                                 **options)  # fmt: skip
+                                                                 progress=progress, **options)  # fmt: skip
     else:
         if not data:
             raise TinyDiTError("`samples` needs `data` (fashion-mnist, shapes, cifar10 or a folder) for the reference")
@@ -175,6 +180,11 @@ def sweep(checkpoint: str | Path, out: str | Path, samplers=("euler", "heun"), s
     (``tinydit.eval.sweep``); writes sweep.csv, sweep.md, sweep.json and sweep.png into ``out``."""
     return run_sweep(checkpoint, out, samplers=list(samplers), steps=list(steps), cfgs=list(cfgs), tols=list(tols),
                      device=resolve_device(device), **kwargs)  # fmt: skip
+
+
+def report(run_dir: str | Path) -> Path:
+    """Write ``run_dir``/report.html (``tinydit.eval.run_report``): one self-contained page of the run."""
+    return write_run_report(run_dir)
 
 
 # The shapes captions' tokenizer (18 ids, 8 per caption), for the text models' parameter counts.

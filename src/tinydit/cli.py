@@ -7,6 +7,7 @@
     tinydit eval    --checkpoint FILE | --samples FILE.npz|DIR  --data fashion-mnist|shapes --n N --out DIR
     tinydit sweep   --checkpoint FILE --samplers euler,heun --steps 4,8,16 --cfg 1,2 --n N --out DIR
     tinydit presets
+    tinydit report  RUN_DIR
 
 The train flags are made from ``TrainConfig``'s fields, their types, defaults and the comment beside
 each; their choices are the library's own constants. Library errors name parameters in backticks
@@ -28,6 +29,7 @@ from tinydit import __version__, api
 from tinydit.config import (
     COMPILE_CHOICES,
     CONDS,
+    EVAL_BUDGETS,
     FEW_STEP,
     FIXED_STEP_SAMPLERS,
     GRID_NAMES,
@@ -49,7 +51,8 @@ EXIT_INTERRUPTED = 130
 # The values each TrainConfig field takes, from the library's constants (argparse lists them in --help).
 TRAIN_CHOICES = {"model": tuple(MODEL_CONDS), "cond": CONDS, "t_sampling": T_SAMPLINGS, "few_step": FEW_STEP,
                  "teacher_sampler": FIXED_STEP_SAMPLERS, "precision": PRECISION_CHOICES, "compile": COMPILE_CHOICES,
-                 "norm": NORMS, "mlp": MLPS, "pos": POSITIONS, "pred": PREDICTIONS}  # fmt: skip
+                 "norm": NORMS, "mlp": MLPS, "pos": POSITIONS, "pred": PREDICTIONS,
+                 "eval_budget": EVAL_BUDGETS}  # fmt: skip
 # How --help groups the train flags: a field not named here is a general option.
 TRAIN_GROUPS = {
     "distillation (few_step distill; the student copies the teacher's architecture)":
@@ -57,7 +60,8 @@ TRAIN_GROUPS = {
     "architecture switches (default: the preset's; see docs/notes/ablation.md)":
         ("norm", "qk_norm", "mlp", "pos", "pred"),
     "logging, samples and checkpoints": ("log_every", "val_every", "val_size", "sample_every", "ckpt_every",
-                                         "sample_steps", "sample_cfg"),
+                                         "sample_steps", "sample_cfg", "tensorboard", "report"),
+    "evaluation during training (offline metrics; best.pt)": ("eval_every", "eval_n", "eval_budget", "best_metric"),
 }  # fmt: skip
 
 
@@ -93,7 +97,14 @@ def add_config_flags(p: argparse.ArgumentParser, cls: type, choices: dict, group
         default = f.default if f.default is not MISSING else f.default_factory()
         help_ = comments.get(f.name, "").replace("%", "%%")  # argparse formats help with %
         kw: dict = {"dest": f.name, "default": default, "help": help_ or None}
-        if kind == "bool":
+        if kind == "bool" and "None" not in str(f.type):  # a plain switch: --name, or --no-name where it is on
+            name = f.name.replace("_", "-")
+            kw.pop("default")
+            flag = f"--no-{name}" if default else f"--{name}"
+            kw.update(action="store_false" if default else "store_true", default=default)
+            (made[group_of[f.name]] if f.name in group_of else p).add_argument(flag, **kw)
+            continue
+        if kind == "bool":  # on, off, or None: the preset's choice
             kw.update(type=_on_off, metavar="{on,off}")
         elif kind.startswith("tuple["):
             kw.update(type=float, nargs=2, metavar=("LO", "HI"))
@@ -228,7 +239,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_sample(args: argparse.Namespace) -> int:
     res = api.sample(args.checkpoint, args.n, args.classes, args.prompts, sampler=args.sampler, steps=args.steps,
                      cfg_scale=args.cfg_scale, seed=args.seed, out=args.out, nrow=args.nrow, device=args.device,
-                     precision=args.precision, compile=args.compile, ema=args.ema, **_options(args))  # fmt: skip
+                     precision=args.precision, compile=args.compile, ema=args.ema, progress=True,
+                     **_options(args))  # fmt: skip
     print(f"wrote {len(res.x)} samples to {res.path} ({args.sampler}, {res.nfe:g} model evaluations per image, "
           f"{res.seconds:.1f} s)", file=sys.stderr)  # fmt: skip
     return 0
@@ -239,7 +251,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                            steps=args.steps, cfg_scale=args.cfg_scale, seed=args.seed, split=args.split,
                            data_root=args.data_root, device=args.device, inception=args.inception,
                            inception_weights=args.inception_weights, cache_dir=args.cache_dir,
-                           command=_command(args), **_options(args))  # fmt: skip
+                           command=_command(args), progress=True, **_options(args))  # fmt: skip
     print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, dict)}, indent=2))
     print(f"wrote {args.out}/metrics.json and {args.out}/report.md", file=sys.stderr)
     return 0
@@ -285,6 +297,11 @@ def cmd_presets(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    print(f"wrote {api.report(args.run_dir)}", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tinydit", description="Flow-matching Diffusion Transformers on small images")
     parser.add_argument("--version", action="version", version=f"tinydit {__version__}")
@@ -294,6 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_eval(sub)
     _add_sweep(sub)
     sub.add_parser("presets", help="list the model size presets").set_defaults(func=cmd_presets)
+    p = sub.add_parser("report", help="write RUN_DIR/report.html: config, curves, evaluations and samples of a run")
+    p.add_argument("run_dir", help="the run directory (`tinydit train --out`)")
+    p.set_defaults(func=cmd_report)
     return parser
 
 

@@ -32,6 +32,7 @@ SHAPES_HOLDOUT = "red triangle,blue circle"
 PRECISION_CHOICES = ("auto", *PRECISIONS)  # auto: the fastest measured on the device (tinydit.runtime)
 COMPILE_CHOICES = COMPILE
 FEW_STEP = ("none", "shortcut", "distill")  # see TrainConfig.few_step
+EVAL_BUDGETS = ("outside", "inside")  # see TrainConfig.eval_budget
 T_SAMPLINGS = ("uniform", "logit-normal")  # how training times are drawn (tinydit.flow.path.sample_t)
 KNOTS = 8  # distillation: the teacher's path is kept at t = 0, 1/8, ..., 1 (tinydit.flow.distill)
 
@@ -197,6 +198,15 @@ class TrainConfig:
     ckpt_every: int = 500  # steps between checkpoints (always one at the end, and on Ctrl-C)
     sample_steps: int = 32  # Euler steps for the sample grids
     sample_cfg: float = 2.0  # guidance scale for the sample grids
+    # Evaluation during training: every `eval_every` steps (0: never) and at the end, `eval_n` class-balanced
+    # EMA samples (the sample grids' sampler settings) scored with the offline metrics (tinydit.eval), into
+    # metrics.jsonl; the best by `best_metric` is kept as best.pt.
+    eval_every: int = 0
+    eval_n: int = 500  # samples per evaluation: more is less noisy and slower
+    eval_budget: str = "outside"  # outside | inside: whether evaluation time counts toward `minutes`
+    best_metric: str = "auto"  # auto: fid_<feature net> (shapes text runs: adherence_all_all); fid/kid: lower is better
+    tensorboard: bool = False  # also write the metrics and sample grids for TensorBoard into RUN_DIR/tensorboard
+    report: bool = True  # write RUN_DIR/report.html at the end of the run (tinydit report RUN_DIR)
 
     def __post_init__(self):
         if self.model not in MODEL_CONDS:
@@ -250,6 +260,10 @@ class TrainConfig:
             raise TinyDiTError(f"`precision` must be auto, {', '.join(PRECISIONS)}; got {self.precision!r}")
         if self.compile not in COMPILE:
             raise TinyDiTError(f"`compile` must be auto, on or off; got {self.compile!r}")
+        if self.eval_every < 0 or self.eval_n < 10:
+            raise TinyDiTError(f"`eval_every` must be >= 0 and `eval_n` >= 10, got {self.eval_every} and {self.eval_n}")
+        if self.eval_budget not in EVAL_BUDGETS:
+            raise TinyDiTError(f"`eval_budget` must be {' or '.join(EVAL_BUDGETS)}, got {self.eval_budget!r}")
         if self.sample_cfg < 0:
             raise TinyDiTError(f"sample_cfg (guidance scale) must be >= 0, got {self.sample_cfg}")
 

@@ -24,7 +24,7 @@ from tinydit.data.text import holds_phrase
 from tinydit.flow.generate import generate
 from tinydit.images import to_uint8
 
-__all__ = ["GRID_PROMPTS", "ATTRIBUTES", "GROUPS", "combinations", "prompts_for", "score", "flatten",
+__all__ = ["GRID_PROMPTS", "ATTRIBUTES", "shape_accuracy", "GROUPS", "combinations", "prompts_for", "score", "flatten",
            "markdown_table", "measure", "shape_confusion", "confusion_table"]  # fmt: skip
 
 ATTRIBUTES = ("shape", "color", "background")
@@ -53,6 +53,14 @@ def prompts_for(n: int, holdout: Sequence[str] = (), which: str = "all") -> list
     if not combos:
         raise ValueError(f"no {which} combinations with holdout {list(holdout)}")
     return [combos[i % len(combos)] for i in range(n)]
+
+
+def shape_accuracy(images: torch.Tensor, labels: torch.Tensor) -> float:
+    """The share of images (N, 3, H, W) whose shape, read back from their pixels, is the one their label
+    (N,) asked for: a class-conditional shapes model's accuracy (chance is 1 / 4)."""
+    u8 = to_uint8(images) if images.is_floating_point() else images
+    hits = [read_shape(img)["shape"] == SHAPES[int(y)] for img, y in zip(u8, labels, strict=True)]
+    return sum(hits) / max(1, len(hits))
 
 
 def score(images: torch.Tensor, attrs: Sequence[dict], holdout: Sequence[str] = ()) -> dict[str, dict]:

@@ -36,7 +36,7 @@ from tinydit.data.samples import safe_name
 from tinydit.data.shapes import RENDER_VERSION, SHAPES, caption
 from tinydit.data.text import class_captions, parse_phrases, tokenizer_of
 from tinydit.errors import TinyDiTError
-from tinydit.eval.adherence import flatten, prompts_for, score
+from tinydit.eval.adherence import flatten, prompts_for, score, shape_accuracy
 from tinydit.eval.features import FEATURE_NETS, extract, load_feature_net
 from tinydit.eval.inception import InceptionFeatures
 from tinydit.eval.metrics import MIN_SAMPLES, feature_stats, frechet_distance, kid, precision_recall
@@ -293,6 +293,7 @@ def generate_for_eval(
     data: str | None,
     *,
     sampler: str = "euler",
+    progress: bool = False,
     **options,
 ) -> tuple[torch.Tensor, torch.Tensor, str, list[str], dict]:
     """n class-balanced samples from a checkpoint: images, labels, data set, classes, sampler info.
@@ -314,16 +315,51 @@ def generate_for_eval(
     if data is not None and canonical_name(data) != trained_on:
         raise TinyDiTError(f"{checkpoint} was trained on {trained_on}, not {data}; drop `data`")
     eval_spec(trained_on)
-    classes = state["data"]["classes"]
+    x, labels, info = sample_for_eval(model, state, n, steps, cfg_scale, seed, sampler=sampler, progress=progress,
+                                      **options)  # fmt: skip
+    return x, labels, trained_on, state["data"]["classes"], {**info, "sampler": {**settings, "seed": seed}}
+
+
+def sample_for_eval(model, state: dict, n: int, steps: int, cfg_scale: float, seed: int, *, sampler: str = "euler",
+                    progress: bool = False, **options) -> tuple[torch.Tensor, torch.Tensor, dict]:  # fmt: skip
+    """n class-balanced samples of ``model`` (``state``: its checkpoint dict, or one with the same
+    ``data``, ``tokenizer`` and ``train_config``): images, labels and info (model evaluations per image,
+    seconds; for a shapes text model the prompt-adherence scores, ``adherence_*``)."""
     y, labels, attrs = eval_conditions(state, n)
     started = time.perf_counter()
-    res = generate(model, y, steps=steps, cfg_scale=cfg_scale, seed=seed, sampler=sampler, **options)
-    info = {"nfe_per_image": res.nfe, "generation_seconds": time.perf_counter() - started,
-            "sampler": {**settings, "seed": seed}}  # fmt: skip
+    res = generate(model, y, steps=steps, cfg_scale=cfg_scale, seed=seed, sampler=sampler, progress=progress,
+                   **options)  # fmt: skip
+    info = {"nfe_per_image": res.nfe, "generation_seconds": time.perf_counter() - started}
     if attrs is not None:
         holdout = parse_phrases(state["train_config"].get("holdout") or "")
         info.update(flatten(score(res.x, attrs, holdout)), adherence_holdout=",".join(holdout) or "none")
-    return res.x, labels, trained_on, classes, info
+    elif state["data"]["name"] == "shapes":  # a class model: is the shape its label asked for drawn?
+        info["shape_accuracy"] = shape_accuracy(res.x, labels)
+    return res.x, labels, info
+
+
+def score_model(model, state: dict, n: int, steps: int, cfg_scale: float, seed: int = 0, root: str | Path = "data",
+                cache_dir: str | Path | None = DEFAULT_CACHE, **options) -> dict:  # fmt: skip
+    """``sample_for_eval``'s samples scored with the offline metrics against the test split: one flat dict
+    of numbers (what evaluation during training logs)."""
+    x, labels, info = sample_for_eval(model, state, n, steps, cfg_scale, seed, **options)
+    metrics = evaluate(x.float(), labels, state["data"]["name"], root=root, cache_dir=cache_dir)
+    return {k: v for k, v in {**metrics, **info}.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def default_best_metric(data: str, text: bool) -> tuple[str, bool]:
+    """The metric best.pt is chosen by when none is named, and whether lower is better: prompt adherence
+    for shapes text runs, else the offline FID."""
+    if text and data == "shapes":
+        return "adherence_all_all", False
+    net = eval_spec(data).feature_net
+    if net is None:
+        raise TinyDiTError(f"{data} has no offline feature network")
+    return f"fid_{net}", True
+
+
+def lower_is_better(metric: str) -> bool:
+    return metric.startswith(("fid", "kid"))
 
 
 def blur(images: torch.Tensor, passes: int) -> torch.Tensor:

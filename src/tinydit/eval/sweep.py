@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from tinydit.config import SAMPLER_NAMES
 from tinydit.errors import TinyDiTError
@@ -34,6 +33,7 @@ from tinydit.eval.plot import MARKERS, line_plot
 from tinydit.files import ensure_writable_dir, write_text
 from tinydit.flow.generate import generate, sampler_settings
 from tinydit.models.checkpoint import load_model
+from tinydit.progress import Progress
 
 __all__ = ["sweep_points", "run_sweep", "write_sweep", "DOPRI5_FIRST_STEPS"]
 
@@ -120,13 +120,13 @@ def run_sweep(
         print(f"continuing the sweep in {out}: {reused} of {len(points)} settings are done", file=sys.stderr)
     y, labels, _ = eval_conditions(state, n)  # labels, or prompts for a text model
     rows: list[dict] = []
-    bar = tqdm(points, desc="sweep", unit="setting", disable=not progress, file=sys.stderr, dynamic_ncols=True)
-    for point in bar:
+    bar = Progress(len(points), "sweep", unit="setting", enabled=progress)
+    for point in points:
         key = json.dumps(point, sort_keys=True)
-        bar.set_postfix_str(f"{point['sampler']} steps {point['steps'] or '-'} tol {point['tol'] or '-'} "
-                            f"cfg {point['cfg']:g}")  # fmt: skip
+        bar.set(at=f"{point['sampler']} steps {point['steps'] or '-'} tol {point['tol'] or '-'} cfg {point['cfg']:g}")
         if key in done:
             rows.append(done[key])
+            bar.update()
             continue
         kwargs = _sampler_kwargs(point, options)
         started = time.perf_counter()
@@ -138,6 +138,8 @@ def run_sweep(
                      "feature_net": next(iter(metrics["feature_nets"])),
                      "sampler_settings": _settings_of(kwargs)})  # fmt: skip
         write_sweep(out, settings, rows, command)
+        bar.update()
+    bar.close()
     write_sweep(out, settings, rows, command)
     return rows
 

@@ -10,6 +10,7 @@ from tinydit.config import check_sampler_args
 from tinydit.errors import TinyDiTError
 from tinydit.flow.grids import DEFAULT_SHIFT
 from tinydit.flow.samplers import _UNCHECKED, DEFAULT_ETA, DEFAULT_TOL, SampleResult
+from tinydit.progress import Progress
 
 __all__ = ["class_cycle", "generate", "sampler_settings"]
 
@@ -29,6 +30,7 @@ def generate(
     batch_size: int = 256,
     *,
     sampler: str = "euler",
+    progress: bool = False,
     **options,
 ) -> SampleResult:
     """Samples for labels y (N,) or caption ids (N, L), in batches, with the sampler called ``sampler``
@@ -51,11 +53,14 @@ def generate(
     options = {k: v for k, v in options.items() if v is not None}  # None: the sampler's default
     run = _UNCHECKED[sampler]
     out, evals = [], 0
+    bar = Progress(len(y), "sample", unit="image", enabled=progress)  # a bar on a terminal, else a line now and then
     for i in range(0, len(y), batch_size):
         x1, yb = noise[i : i + batch_size].to(device), y[i : i + batch_size].to(device)
         res = run(model, x1, yb, steps, cfg_scale, **options, **extra)
         out.append(res.x.cpu())
         evals += res.nfe * len(yb)
+        bar.update(len(yb))
+    bar.close()
     nfe = evals // len(y) if evals % len(y) == 0 else evals / len(y)
     return SampleResult(torch.cat(out), nfe)
 

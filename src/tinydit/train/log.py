@@ -1,43 +1,58 @@
-"""What a run tells as it trains: ``metrics.jsonl`` (one JSON line per logging window, validation and
-event), the progress bar, and the lines printed at its start and end."""
+"""What a run tells as it trains: ``metrics.jsonl`` (one JSON line per logging window, validation,
+evaluation and event), the same numbers in TensorBoard (``tensorboard=True``), the progress
+(``tinydit.progress``: a bar on a terminal, a line every few seconds elsewhere), and the lines printed
+at its start and end."""
 
 from __future__ import annotations
 
 import json
 import math
 import sys
-import time
 from pathlib import Path
 
+import numpy as np
 import torch
-from tqdm.auto import tqdm
+from PIL import Image
 
 from tinydit import __version__
 from tinydit.errors import TinyDiTError
 from tinydit.files import write_text
 from tinydit.flow import distill
 from tinydit.flow.path import N_T_BINS
+from tinydit.progress import Progress
 
 __all__ = ["RunLog"]
 
 
 class RunLog:
-    """The run's log: ``record`` appends to metrics.jsonl; ``window`` logs the training steps since the
-    last window; ``bar`` is the progress bar of ``fit`` (off with ``progress=False``)."""
+    """The run's log: ``record`` appends to metrics.jsonl (and TensorBoard); ``window`` logs the training
+    steps since the last window; ``bar`` is the progress of ``fit`` (off with ``progress=False``)."""
 
-    def __init__(self, out: Path, progress: bool = True):
+    def __init__(self, out: Path, progress: bool = True, tensorboard: bool = False):
         self.path, self.progress, self.bar = out / "metrics.jsonl", progress, None
+        self.board = _summary_writer(out / "tensorboard") if tensorboard else None
 
     def record(self, record: dict) -> None:
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
+        if self.board is not None:
+            for tag, value in _scalars(record):
+                self.board.add_scalar(tag, value, record["step"])
+
+    def image(self, tag: str, step: int, path: Path) -> None:
+        """A sample grid (a PNG the run wrote) into TensorBoard."""
+        if self.board is not None:
+            with Image.open(path) as img:
+                self.board.add_image(tag, np.asarray(img.convert("RGB")), step, dataformats="HWC")
 
     def start(self, total: int | None, initial: int) -> None:
-        self.bar = tqdm(total=total, initial=initial, unit="step", disable=not self.progress, dynamic_ncols=True)
+        self.bar = Progress(total, "train", "step", initial=initial, enabled=self.progress)
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+        if self.board is not None:
+            self.board.flush()
 
     def window(self, step: int, loss: float, img_s: float, lr: float, seconds: float, by_t: torch.Tensor,
                left: float | None) -> None:  # fmt: skip
@@ -47,10 +62,7 @@ class RunLog:
                                "Lower `lr` (or raise `warmup`) and start again with `overwrite`")  # fmt: skip
         self.record({"step": step, "loss": loss, "lr": lr, "img_per_s": img_s, "train_seconds": seconds,
                      "loss_by_t": [round(v, 5) if math.isfinite(v) else None for v in by_t.tolist()]})  # fmt: skip
-        postfix = {"loss": f"{loss:.4f}", "img/s": f"{img_s:.0f}"}
-        if left is not None:
-            postfix["left"] = time.strftime("%M:%S", time.gmtime(max(0.0, left)))
-        self.bar.set_postfix(postfix)
+        self.bar.set(loss=f"{loss:.4f}", **{"img/s": f"{img_s:.0f}"}, **({"left": left} if left is not None else {}))
 
     @staticmethod
     def say(message: str) -> None:
@@ -84,3 +96,22 @@ class RunLog:
         else:
             bins = " ".join(f"{v:.3f}" for v in by_t)
             self.say(f"EMA val loss by t (0 = data ... 1 = noise, {N_T_BINS} bins): {bins}")
+
+
+def _scalars(record: dict):
+    """(tag, value) of every number in a metrics.jsonl record: lists become tag/0, tag/1, ... (bins of t)."""
+    for key, value in record.items():
+        if key == "step" or isinstance(value, bool):
+            continue
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            yield key, value
+        elif isinstance(value, list):
+            yield from ((f"{key}/{i}", v) for i, v in enumerate(value) if isinstance(v, (int, float)))
+
+
+def _summary_writer(folder: Path):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as err:  # torch's writer needs the tensorboard package
+        raise TinyDiTError("`tensorboard` needs the tensorboard package: pip install 'tinydit[tensorboard]'") from err
+    return SummaryWriter(str(folder))

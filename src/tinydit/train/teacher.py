@@ -13,7 +13,6 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from tinydit.config import KNOTS
 from tinydit.errors import TinyDiTError
@@ -21,6 +20,7 @@ from tinydit.files import atomic_write
 from tinydit.flow.generate import class_cycle
 from tinydit.flow.samplers import sample_path
 from tinydit.models.checkpoint import load_checkpoint, load_model
+from tinydit.progress import Progress
 from tinydit.runtime import autocast
 
 __all__ = ["TeacherPaths", "teacher_paths", "load_teacher", "run_paths"]
@@ -72,7 +72,7 @@ def teacher_paths(
     noise = torch.randn(n, cfg.in_channels, cfg.img_size, cfg.img_size, generator=gen)  # (n, C, H, W)
     states = torch.empty(n, KNOTS + 1, *noise.shape[1:], dtype=torch.float16)
     started, nfe = time.perf_counter(), 0
-    bar = tqdm(total=n, unit="path", desc="teacher paths", disable=not progress, dynamic_ncols=True)
+    bar = Progress(n, "teacher paths", unit="path", enabled=progress)
     for i in range(0, n, batch_size):
         with autocast_ctx() if autocast_ctx is not None else nullcontext():
             path, nfe = sample_path(sampler, teacher, noise[i : i + batch_size].to(device),

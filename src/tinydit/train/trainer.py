@@ -21,6 +21,8 @@ from torch.utils.data import Dataset
 
 from tinydit.config import TrainConfig
 from tinydit.errors import TinyDiTError
+from tinydit.eval.evaluate import default_best_metric, lower_is_better, score_model
+from tinydit.eval.run_report import write_run_report
 from tinydit.files import ensure_writable_dir
 from tinydit.flow import distill
 from tinydit.flow.guidance import null_condition
@@ -71,12 +73,12 @@ class Trainer:
                  dataset: Dataset | None = None, val_dataset: Dataset | None = None):  # fmt: skip
         self.cfg, self.progress = cfg, progress
         self.out = Path(cfg.out)
-        self.log = RunLog(self.out, progress)
         self.ckpt_path = self.out / "checkpoint.pt"
         self.device = resolve_device(cfg.device)
         self.precision = resolve_precision(cfg.precision, self.device)
         self.compiled = resolve_compile(cfg.compile, self.device)
         ensure_writable_dir(self.out)
+        self.log = RunLog(self.out, progress, cfg.tensorboard)
         self.teacher_state = None  # distillation: the student copies the teacher's preset and architecture
         if cfg.few_step == "distill":
             self.teacher_state = load_teacher(cfg.teacher, cfg.model, canonical_data(cfg, dataset))
@@ -89,6 +91,9 @@ class Trainer:
             raise TinyDiTError(f"`resume` given, but {self.ckpt_path} does not exist; drop `resume` to start a run")
         self.data = prepare_data(cfg, state, dataset, val_dataset)
         self.text = cfg.cond == "text"
+        self.best = state.get("best") if state is not None else None  # {metric, value, step} of best.pt
+        if cfg.eval_every:
+            self.best_metric, self.lower_is_better = self._best_metric()
         self.model_config = model_config_for(cfg, self.data.model_fields(), state, self.teacher_state)
         # A continuation on the same kind of device in the same precision keeps its token-linear kernel.
         saved = state.get("kernels") if state is not None else None
@@ -148,7 +153,7 @@ class Trainer:
                      **({"prompts": list(self.prompts)} if self.text else {})},
             "model": unwrap(self.model).state_dict(), "ema": unwrap(self.ema).state_dict(),
             "optimizer": self.opt.state_dict(), "grad_scaler": self.scaler.state_dict(),
-            "step": self.step, "train_seconds": self.train_seconds,
+            "step": self.step, "train_seconds": self.train_seconds, "best": self.best,
             "kernels": {"device": self.device.type, "precision": self.precision, **self.kernels()},
             "rng": {"torch": torch.get_rng_state(),
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
@@ -260,7 +265,42 @@ class Trainer:
         with autocast(self.device, self.precision):
             sample_grid(self.ema_forward, self.data, self.model_config, optim.step_generator(self.cfg.seed, 31),
                         self.device, steps, scale, [path, self.out / "samples.png"])  # fmt: skip
+        self.log.image("samples", self.step, path)
         return path
+
+    def _best_metric(self) -> tuple[str, bool]:
+        try:
+            metric, lower = default_best_metric(self.data.name, self.text)
+        except TinyDiTError as err:
+            raise TinyDiTError(f"`eval_every` scores samples with an offline feature network, which fashion-mnist and "
+                               f"shapes have and {self.data.name} has not ({err})") from None  # fmt: skip
+        if self.cfg.best_metric != "auto":
+            metric = self.cfg.best_metric
+        return metric, lower_is_better(metric)
+
+    @torch.no_grad()
+    def _evaluate(self, started: float) -> float:
+        """Score ``eval_n`` EMA samples (in the run's precision) into metrics.jsonl and keep the best as
+        best.pt; returns the training clock's start, moved past the evaluation unless it counts."""
+        t0 = time.perf_counter()
+        steps, scale = (4, 1.0) if self.paths is not None else (self.cfg.sample_steps, self.cfg.sample_cfg)
+        state = {"data": {"name": self.data.name, "classes": self.train_set.classes},
+                 "train_config": self.cfg.to_dict(), "tokenizer": self.tokenizer.to_dict() if self.text else None}
+        with autocast(self.device, self.precision):  # the run's precision: its scores follow the run, not the machine
+            metrics = score_model(self.ema_forward, state, self.cfg.eval_n, steps, scale, seed=self.cfg.seed,
+                                  root=self.cfg.data_root, progress=self.progress)  # fmt: skip
+        if self.best_metric not in metrics:
+            raise TinyDiTError(f"`best_metric` {self.best_metric!r} is not among the evaluation's metrics "
+                               f"({', '.join(sorted(metrics))})")  # fmt: skip
+        value = metrics[self.best_metric]
+        best = self.best is None or (value < self.best["value"] if self.lower_is_better else value > self.best["value"])
+        if best:
+            self.best = {"metric": self.best_metric, "value": value, "step": self.step}
+            save_checkpoint(self.out / "best.pt", self.state_dict())
+        seconds = time.perf_counter() - t0
+        self.log.record({"step": self.step, **{f"eval/{k}": v for k, v in metrics.items()}, "eval_seconds": seconds,
+                         "best_metric": self.best_metric, "eval_best": best})  # fmt: skip
+        return started + seconds if self.cfg.eval_budget == "outside" else started
 
     # ---------------------------------------------------------------------------------- the loop
 
@@ -308,6 +348,10 @@ class Trainer:
                     val, val_ema, by_t = self._validate()
                 if s % cfg.sample_every == 0:
                     samples = self.sample_grid()
+                if cfg.eval_every and s % cfg.eval_every == 0:
+                    t0 = time.perf_counter()
+                    started = self._evaluate(started)
+                    window_start += time.perf_counter() - t0  # images per second count training time only
                 if s % cfg.ckpt_every == 0:
                     self.train_seconds, started = self._seconds(started), time.perf_counter()
                     self.save()
@@ -322,7 +366,11 @@ class Trainer:
             val, val_ema, by_t = self._validate()
         if self.step % cfg.sample_every:
             samples = self.sample_grid()
+        if cfg.eval_every and self.step % cfg.eval_every:
+            self._evaluate(time.perf_counter())
         self.save()
+        if cfg.report:
+            write_run_report(self.out)
         log.report(self.step, self.train_seconds / 60, val, val_ema, by_t, self.ckpt_path, samples,
                    self.paths is not None)  # fmt: skip
         return TrainResult(self.step, self.train_seconds, val, val_ema, self.ckpt_path, samples)
