@@ -86,3 +86,18 @@ def test_sweep_runs_on_a_text_checkpoint(text_run, tmp_path, capsys, eval_cache)
     code, err = run(args, capsys)
     assert code == 0, err
     assert len(json.loads((tmp_path / "sw" / "sweep.json").read_text())["rows"]) == 1
+
+
+def test_an_empty_prompt_is_refused_unless_unconditional_samples_are_asked_for(text_run, tiny_run, tmp_path, capsys):
+    for prompt in ("", "   "):
+        code, err = run(["sample", "--checkpoint", text_run, "--prompt", prompt, "--out", tmp_path / "x.png"], capsys)
+        assert code == 2 and "an empty prompt would sample with no caption at all" in err and "--unconditional" in err
+    assert not (tmp_path / "x.png").exists()
+    code, err = run(["sample", "--checkpoint", text_run, "--unconditional", "--n", 3, "--steps", 1, "--out",
+                     tmp_path / "u.npz"], capsys)  # fmt: skip
+    assert code == 0, err
+    assert np.load(tmp_path / "u.npz")["images"].shape == (3, 3, 32, 32)
+    code, err = run(["sample", "--checkpoint", tiny_run[0] / "checkpoint.pt", "--unconditional", "--n", 4, "--steps", 1,
+                     "--out", tmp_path / "c"], capsys)  # fmt: skip
+    assert code == 0, err  # a class model: the null label, written as the class "unconditional"
+    assert sorted(p.name for p in (tmp_path / "c").iterdir())[0] == "00000_unconditional.png"

@@ -67,6 +67,7 @@ def test_precision_and_compile_do_not_change_the_run_identity(tmp_path):
     Trainer(fast_config(tmp_path, steps=1), progress=False).fit()
     trainer = Trainer(fast_config(tmp_path, steps=2, precision="bf16"), progress=False)
     assert trainer.step == 1
+    trainer.close()  # a trainer holds its run directory until it trains or lets go
     with pytest.raises(TinyDiTError, match="qk_norm: None -> True"):
         Trainer(fast_config(tmp_path, steps=2, qk_norm=True), progress=False)
 

@@ -89,18 +89,24 @@ def sample(
     compile: str = "auto",
     ema: bool = True,
     progress: bool = False,
+    unconditional: bool = False,
     **options,
 ) -> Samples:
     """Images from a checkpoint. Class models: ``n`` images (default 64) of ``classes`` (names or ids,
     cycled; default all). Text models: ``n`` images (default 8) of each of ``prompts`` (default the run's
     grid prompts), one grid row each. ``options``: the sampler's (grid, shift, cfg_interval, rtol, atol,
-    eta). ``out``: FILE.png (a grid), FILE.npz or a folder of PNGs."""
+    eta). ``out``: FILE.png (a grid), FILE.npz or a folder of PNGs. ``unconditional``: images of no class
+    or caption at all (the null label, the empty caption); an empty prompt is refused without it."""
     options = {k: v for k, v in options.items() if v is not None}
     check_sampler_args(steps, cfg_scale, sampler, **options)
-    out = check_output(out) if out is not None else None
+    if nrow is not None and nrow < 1:
+        raise TinyDiTError(f"`nrow` must be >= 1, got {nrow}")
+    if unconditional and (classes or prompts):
+        raise TinyDiTError("`unconditional` draws images of no class or caption: drop `classes` and `prompts`")
     device = resolve_device(device)
     precision = resolve_precision(precision, device)
     model, state = checkpoints.load_model(checkpoint, ema=ema, map_location=device)
+    out = check_output(out) if out is not None else None  # created only once the checkpoint has loaded
     warn_if_untrained_settings(state, sampler, steps, cfg_scale, options.get("grid", "uniform"))
     forward = maybe_compile(model, resolve_compile(compile, device))
     names, tokenizer = state["data"]["classes"], tokenizer_of(state)
@@ -109,14 +115,18 @@ def sample(
             raise TinyDiTError(f"{checkpoint} is class-conditional (classes: {', '.join(names)}): use `classes`, not "
                                "`prompts`; prompts need a text run (`model` mmdit or `cond` text)")  # fmt: skip
         n = 64 if n is None else n
-        y = labels = resolve_labels(classes, names, n)
-        nrow = nrow or (len(names) if not classes else min(8, n))
+        if unconditional:
+            y = labels = torch.full((resolve_labels(None, names, n).shape[0],), len(names))  # the null label
+            names = [*names, "unconditional"]
+        else:
+            y = labels = resolve_labels(classes, names, n)
+        nrow = nrow or (len(names) if not (classes or unconditional) else min(8, n))
     else:
         if classes:
             raise TinyDiTError(f"{checkpoint} is a text-to-image model: use `prompts`, not `classes`")
-        names = list(prompts or state["data"]["prompts"])
+        names = [""] if unconditional else list(prompts or state["data"]["prompts"])
         n = 8 if n is None else n
-        y, labels = resolve_prompts(names, tokenizer, n)  # (P n, L), (P n,): one row per prompt
+        y, labels = resolve_prompts(names, tokenizer, n, allow_empty=unconditional)  # (P n, L), (P n,): a row each
         nrow = nrow or n
     started = time.perf_counter()
     with autocast(device, precision):
@@ -154,7 +164,9 @@ def evaluate(
     report.md (``command`` is recorded in both) and returns the metrics."""
     if (checkpoint is None) == (samples is None):
         raise TinyDiTError("give one of `checkpoint` (to sample and score) or `samples` (to score existing images)")
-    out = ensure_writable_dir(out)
+    if (checkpoint or samples) and not Path(checkpoint or samples).exists():
+        raise TinyDiTError(f"{checkpoint or samples} does not exist; pass a checkpoint.pt, or samples as an .npz "
+                           "or a folder of images")  # fmt: skip
     extra: dict = {"nfe_per_image": None, "generation_seconds": None}
     if checkpoint is not None:
         options = {k: v for k, v in options.items() if v is not None}
@@ -170,6 +182,7 @@ def evaluate(
     metrics = evaluate_images(images, labels, data, split=split, root=data_root, cache_dir=cache_dir,
                               inception=inception, inception_weights=inception_weights)  # fmt: skip
     metrics.update(extra)
+    out = ensure_writable_dir(out)  # created only now: a bad input leaves no empty folder behind
     write_report(out, metrics, command or "", images, labels, classes)
     return metrics
 
@@ -235,12 +248,16 @@ def resolve_labels(specs: list[str] | None, classes: list[str], n: int) -> torch
     return torch.tensor(ids, dtype=torch.long)[torch.arange(n) % len(ids)]
 
 
-def resolve_prompts(prompts: list[str], tokenizer, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+def resolve_prompts(prompts: list[str], tokenizer, n: int,
+                    allow_empty: bool = False) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Caption ids (P n, L) for n images of each of P prompts, prompt after prompt, and each image's
     prompt index (P n,). Unknown words warn by name (``tinydit.data.text.Tokenizer.encode``)."""
     if n < 1:
         raise TinyDiTError(f"`n` must be >= 1, got {n}")
     if not prompts:
         raise TinyDiTError("no prompt given: pass `prompts`, one or more captions (one grid row each)")
+    if not allow_empty and any(not p.strip() for p in prompts):
+        raise TinyDiTError("an empty prompt would sample with no caption at all; give a caption, or ask for "
+                           "unconditional samples with `unconditional`")  # fmt: skip
     index = torch.arange(len(prompts)).repeat_interleave(n)  # (P n,): row p holds prompt p
     return tokenizer.encode(list(prompts))[index], index

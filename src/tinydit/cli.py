@@ -166,6 +166,9 @@ def _add_sample(sub) -> None:
                         "prompts of the run's sample grids")
     p.add_argument("--n", type=int, default=None, help="number of images (default 64); text models: images per "
                                                        "prompt (default 8)")
+    p.add_argument("--unconditional", action="store_true",
+                   help="images of no class or caption (the null label, the empty caption); an empty --prompt "
+                        "is refused without it")
     p.add_argument("--cfg", dest="cfg_scale", type=float, default=2.0, help="classifier-free guidance scale (1 = off)")
     _add_sampler_args(p)
     p.add_argument("--seed", type=int, default=0)
@@ -240,7 +243,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     res = api.sample(args.checkpoint, args.n, args.classes, args.prompts, sampler=args.sampler, steps=args.steps,
                      cfg_scale=args.cfg_scale, seed=args.seed, out=args.out, nrow=args.nrow, device=args.device,
                      precision=args.precision, compile=args.compile, ema=args.ema, progress=True,
-                     **_options(args))  # fmt: skip
+                     unconditional=args.unconditional, **_options(args))  # fmt: skip
     print(f"wrote {len(res.x)} samples to {res.path} ({args.sampler}, {res.nfe:g} model evaluations per image, "
           f"{res.seconds:.1f} s)", file=sys.stderr)  # fmt: skip
     return 0
@@ -302,10 +305,21 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+# argparse takes "-1e-3" for a flag (its pattern for negative numbers has no exponent), so `--lr -1e-3`
+# would fail as "expected one argument" instead of reaching the library's check of the value.
+NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|nan)$", re.IGNORECASE)
+
+
+class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = NEGATIVE_NUMBER
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tinydit", description="Flow-matching Diffusion Transformers on small images")
+    parser = _Parser(prog="tinydit", description="Flow-matching Diffusion Transformers on small images")
     parser.add_argument("--version", action="version", version=f"tinydit {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_train(sub)
     _add_sample(sub)
     _add_eval(sub)

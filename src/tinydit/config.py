@@ -112,8 +112,8 @@ def check_sampler_args(
         raise TinyDiTError(f"unknown sampler {sampler!r}: use one of {', '.join(SAMPLER_NAMES)}")
     if steps < 1:
         raise TinyDiTError(f"`steps` must be >= 1, got {steps}")
-    if not cfg_scale >= 0:  # also refuses NaN
-        raise TinyDiTError(f"`cfg_scale` (the guidance scale) must be >= 0, 1 = off; got {cfg_scale}")
+    if not (math.isfinite(cfg_scale) and cfg_scale >= 0):  # also refuses NaN and inf
+        raise TinyDiTError(f"`cfg_scale` (the guidance scale) must be >= 0, 1 = off, and finite; got {cfg_scale}")
     if grid not in GRID_NAMES:
         raise TinyDiTError(f"unknown time grid {grid!r}: use one of {', '.join(GRID_NAMES)}")
     if shift is not None and grid != "shifted":
@@ -209,6 +209,11 @@ class TrainConfig:
     report: bool = True  # write RUN_DIR/report.html at the end of the run (tinydit report RUN_DIR)
 
     def __post_init__(self):
+        for f in fields(self):  # every number finite: NaN passes every comparison below, and inf never ends
+            values = getattr(self, f.name)
+            for v in values if isinstance(values, (tuple, list)) else (values,):
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isfinite(v):
+                    raise TinyDiTError(f"`{f.name}` must be a finite number, got {v}")
         if self.model not in MODEL_CONDS:
             raise TinyDiTError(f"unknown `model` {self.model!r}: use one of {', '.join(MODEL_CONDS)}")
         presets, conds = MODEL_PRESETS[self.model], MODEL_CONDS[self.model]

@@ -1,4 +1,5 @@
-"""Writing files so that nothing half-written is ever left behind, and output folders checked up front.
+"""Writing files so that nothing half-written is ever left behind, output folders checked up front, and
+the lock that keeps two trainers out of one run directory.
 
 Every file TinyDiT writes (checkpoints, sample images and arrays, reports, sweep tables, plots, cached
 features and teacher paths) goes through ``atomic_write``: the bytes go to a temporary file beside the
@@ -9,19 +10,38 @@ sees the old file or the new one, never a mix; a failed write removes its tempor
 from __future__ import annotations
 
 import contextlib
+import errno
+import io
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
+import torch
+
 from tinydit.errors import TinyDiTError
 
-__all__ = ["atomic_write", "write_text", "ensure_writable_dir"]
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; the run directory goes unlocked there
+    fcntl = None
+
+__all__ = ["atomic_write", "torch_save", "write_text", "append_line", "ensure_writable_dir", "io_error", "RunDirLock"]
+
+
+def io_error(path: Path, err: OSError) -> TinyDiTError:
+    """An OSError while writing ``path`` as one line naming the path and the errno, and the fix."""
+    name = errno.errorcode.get(err.errno, str(err.errno)) if err.errno else type(err).__name__
+    fix = "free some space and run the same command again" if err.errno == errno.ENOSPC else "fix that and run again"
+    return TinyDiTError(f"cannot write {path}: {err.strerror or err} ({name}); the previous file is kept, {fix}")
 
 
 @contextlib.contextmanager
 def atomic_write(path: str | Path, mode: str = "wb") -> Iterator[IO]:
-    """Open a temporary file for writing in ``mode`` ("wb" or "w"); on a clean exit it becomes ``path``."""
+    """Open a temporary file for writing in ``mode`` ("wb" or "w"); on a clean exit it becomes ``path``.
+
+    An OSError (a full disk, a read-only folder) leaves ``path`` as it was, removes the temporary file
+    and is raised as one ``TinyDiTError`` line naming the path and the errno."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")  # same folder, so the rename never crosses file systems
     try:
@@ -30,14 +50,68 @@ def atomic_write(path: str | Path, mode: str = "wb") -> Iterator[IO]:
             f.flush()
             os.fsync(f.fileno())  # the bytes are on disk before the rename makes them the file
         os.replace(tmp, path)
+    except OSError as err:
+        raise io_error(path, err) from err
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+
+
+def torch_save(path: str | Path, obj) -> None:
+    """``torch.save`` atomically. The object is serialised in memory first, so that torch's zip writer
+    never meets the disk: a full disk is then an OSError of the write, reported as one line."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    with atomic_write(path) as f:
+        f.write(buf.getbuffer())
 
 
 def write_text(path: str | Path, text: str) -> None:
     """Write a text file atomically."""
     with atomic_write(path, "w") as f:
         f.write(text)
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append one line to a log (metrics.jsonl); a line torn by a full disk is skipped by its readers."""
+    try:
+        with open(path, "a") as f:
+            f.write(line + "\n")
+    except OSError as err:
+        raise io_error(path, err) from err
+
+
+class RunDirLock:
+    """An OS lock on a run directory (``.lock``, holding the owner's pid), held by a trainer for as long as
+    it trains: a second trainer on the directory is refused at once, naming the holder. The OS releases
+    it when the process ends, however it ends, so a ``kill -9`` never leaves a stale lock."""
+
+    def __init__(self, folder: Path):
+        self.path, self.file = folder / ".lock", None
+
+    def acquire(self) -> RunDirLock:
+        if fcntl is None or self.file is not None:
+            return self
+        f = open(self.path, "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            f.close()
+            raise TinyDiTError(f"{self.path.parent} is being trained by process {holder}; wait for it to finish "
+                               "(or stop it), or choose another `out`") from None  # fmt: skip
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        self.file = f
+        return self
+
+    def release(self) -> None:
+        if self.file is not None:
+            self.file.close()  # closing the descriptor drops the lock
+            self.file = None
 
 
 def ensure_writable_dir(path: str | Path, param: str = "out") -> Path:

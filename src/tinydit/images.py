@@ -19,6 +19,8 @@ from PIL import Image
 from tinydit.files import atomic_write
 
 __all__ = [
+    "GRAY_MODES",
+    "to_rgb",
     "pil_to_tensor",
     "tensor_to_pil",
     "to_model_range",
@@ -32,9 +34,26 @@ __all__ = [
 ]
 
 
+GRAY_MODES = ("1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F")
+
+
+def to_rgb(img: Image.Image) -> Image.Image:
+    """Any PIL image as 8-bit RGB. 16- and 32-bit images are scaled to 8 bits (PIL's own conversion
+    clips them, which turns a 16-bit photo almost white); transparency is composited onto white;
+    palette, CMYK and the rest convert as PIL converts them; an animation gives its first frame."""
+    if img.mode in ("I", "I;16", "I;16B", "I;16L", "F"):
+        arr = np.asarray(img, dtype=np.float64)
+        top = 65535.0 if img.mode.startswith("I;16") or arr.max() > 255 else 255.0
+        img = Image.fromarray(np.clip(arr / top * 255.0 + 0.5, 0, 255).astype(np.uint8), "L")
+    if img.mode in ("RGBA", "LA", "PA", "La", "RGBa") or (img.mode == "P" and "transparency" in img.info):
+        rgba = img.convert("RGBA")
+        img = Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba)
+    return img.convert("RGB")
+
+
 def pil_to_tensor(img: Image.Image) -> torch.Tensor:
-    """PIL image -> float tensor (3, H, W) in [0, 1] (the image is converted to RGB first)."""
-    arr = np.asarray(img.convert("RGB"), dtype=np.uint8)  # (H, W, 3)
+    """PIL image -> float tensor (3, H, W) in [0, 1] (the image is converted to 8-bit RGB first, ``to_rgb``)."""
+    arr = np.asarray(to_rgb(img), dtype=np.uint8)  # (H, W, 3)
     x = torch.from_numpy(arr.copy())  # uint8 (H, W, 3)
     x = x.permute(2, 0, 1)  # (3, H, W)
     return x.float() / 255.0
@@ -76,7 +95,8 @@ def load_image(
     path: str | Path, size: int | None = 32, device: str | torch.device = "cpu"
 ) -> torch.Tensor:
     """Read an image file -> (1, 3, size, size) float tensor in [-1, 1] on ``device``."""
-    img = Image.open(path).convert("RGB")
+    with Image.open(path) as opened:
+        img = to_rgb(opened)
     if size is not None:
         img = img.resize((size, size), Image.BICUBIC)
     x = to_model_range(pil_to_tensor(img))  # (3, H, W)

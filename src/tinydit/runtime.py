@@ -20,6 +20,8 @@ the residual stream stays fp32.
 from __future__ import annotations
 
 import contextlib
+import os
+import warnings
 from collections.abc import Callable, Iterator
 
 import torch
@@ -65,7 +67,8 @@ def resolve_device(name: str | torch.device = "auto") -> torch.device:
 class KernelSwitch:
     """A per-process choice between kernels that compute the same function (``tinydit.models.attention``,
     ``tinydit.models.linear``): ``auto`` lets the kernel's own rule decide, ``use(name)`` forces one
-    inside a with-block, for benchmarks, tests and exact continuations.
+    inside a with-block, for benchmarks, tests and exact continuations, and the environment variable
+    ``TINYDIT_<WHAT>_KERNEL`` (``TINYDIT_LINEAR_KERNEL=blas``) forces one for the whole process.
 
     ``warm_up`` (optional) is run eagerly by ``maybe_compile`` before compiling, so that compiled code
     only reads what it measured (a timing probe must never be traced).
@@ -73,7 +76,14 @@ class KernelSwitch:
 
     def __init__(self, what: str, choices: tuple[str, ...], warm_up: Callable[[], object] | None = None):
         self.what, self.choices, self.warm_up = what, ("auto", *choices), warm_up
-        self.forced = "auto"
+        # TINYDIT_<WHAT>_KERNEL pins the kernel for a whole process: two processes whose timing probes
+        # answer differently (a loaded machine) would otherwise train to weights that differ by rounding.
+        self.env = f"TINYDIT_{what.upper()}_KERNEL"
+        self.forced = os.environ.get(self.env, "auto")
+        if self.forced not in self.choices:  # read at import, before any error could be one clear line
+            warnings.warn(f"{self.env}={self.forced!r} is not one of {', '.join(self.choices)}; using auto",
+                          stacklevel=2)  # fmt: skip
+            self.forced = "auto"
         _SWITCHES.append(self)
 
     @contextlib.contextmanager

@@ -47,6 +47,7 @@ from tinydit.data.cache import CachedDataset
 from tinydit.data.shapes import ShapesDataset
 from tinydit.data.text import class_captions
 from tinydit.errors import TinyDiTError
+from tinydit.images import to_rgb
 
 __all__ = [
     "CIFAR10_CLASSES",
@@ -186,7 +187,7 @@ class ImageFolderDataset(Dataset):
 
     def __getitem__(self, idx: int) -> tuple[torch.Tensor, int]:
         with Image.open(self.paths[idx]) as img:
-            x = self.transform(img.convert("RGB"))  # (3, img_size, img_size) in [-1, 1]
+            x = self.transform(to_rgb(img))  # (3, img_size, img_size) in [-1, 1]
         return x, self.targets[idx]
 
 

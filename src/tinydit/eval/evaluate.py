@@ -40,10 +40,10 @@ from tinydit.eval.adherence import flatten, prompts_for, score, shape_accuracy
 from tinydit.eval.features import FEATURE_NETS, extract, load_feature_net
 from tinydit.eval.inception import InceptionFeatures
 from tinydit.eval.metrics import MIN_SAMPLES, feature_stats, frechet_distance, kid, precision_recall
-from tinydit.files import atomic_write
+from tinydit.files import torch_save
 from tinydit.flow.distill import warn_if_untrained_settings
 from tinydit.flow.generate import class_cycle, generate, sampler_settings
-from tinydit.images import to_uint8
+from tinydit.images import GRAY_MODES, to_rgb, to_uint8
 from tinydit.models.checkpoint import load_model
 
 __all__ = ["EvalSpec", "eval_spec", "load_samples", "to_eval_images", "reference_images", "reference_features",
@@ -94,7 +94,7 @@ def load_samples(path: str | Path, classes: list[str] | None = None) -> tuple[np
                     raise TinyDiTError(f"{path} has no 'images' array (found {', '.join(npz.files) or 'none'}); "
                                        "save the samples as images=(N, C, H, W) uint8")
                 return npz["images"], (npz["labels"] if "labels" in npz else None)
-        except (zipfile.BadZipFile, ValueError, OSError) as err:
+        except (zipfile.BadZipFile, ValueError, OSError, EOFError) as err:
             raise TinyDiTError(f"{path} is not a readable .npz of arrays ({type(err).__name__}: {err})") from err
     if not path.is_dir():
         raise TinyDiTError(f"`samples` {path}: pass an .npz file or a folder of images")
@@ -103,8 +103,9 @@ def load_samples(path: str | Path, classes: list[str] | None = None) -> tuple[np
         raise TinyDiTError(f"no images in {path}")
     arrays = []
     for p in files:
-        with Image.open(p) as img:  # palette or RGBA files become plain L or RGB pixels
-            arrays.append(np.asarray(img.convert("L" if img.mode in ("L", "I;16", "1") else "RGB")))
+        with Image.open(p) as img:  # 16-bit, palette or RGBA files become plain 8-bit L or RGB pixels
+            rgb = to_rgb(img)
+            arrays.append(np.asarray(rgb.convert("L") if img.mode in GRAY_MODES else rgb))
     if len({a.shape for a in arrays}) > 1:
         raise TinyDiTError(f"the images in {path} have different sizes or modes; give all samples one size")
     images = np.stack(arrays)  # (N, H, W) or (N, H, W, 3)
@@ -134,6 +135,10 @@ def to_eval_images(images: np.ndarray | torch.Tensor, data: str | EvalSpec) -> t
         raise TinyDiTError(f"samples of shape {tuple(x.shape)} do not fit this reference: accepted sizes are "
                            f"{accepted} (channels x height x width), as uint8 [0, 255] or float [-1, 1]")
     if x.is_floating_point():
+        if not torch.isfinite(x).all():
+            bad = int((~torch.isfinite(x)).flatten(1).any(1).sum())
+            raise TinyDiTError(f"{bad} of the {x.shape[0]} samples hold NaN or infinite values; a sampler that "
+                               "diverged gives no images to score")  # fmt: skip
         x = to_uint8(x)
     elif x.dtype != torch.uint8:
         raise TinyDiTError(f"samples have dtype {x.dtype}: use uint8 [0, 255] or float [-1, 1]")
@@ -177,8 +182,7 @@ def reference_features(
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
         mu, sigma = feature_stats(feats)
-        with atomic_write(cache) as f:
-            torch.save({"key": key, "features": feats, "mu": mu, "sigma": sigma}, f)
+        torch_save(cache, {"key": key, "features": feats, "mu": mu, "sigma": sigma})
     return feats, {"cache": str(cache) if cache else None, "cache_hit": False}
 
 
@@ -215,9 +219,16 @@ def evaluate(
                            "(FID is only comparable at equal N, 10000 is customary)")
     y = None
     if labels is not None:
-        y = torch.as_tensor(np.asarray(labels), dtype=torch.int64).reshape(-1)  # (N,)
+        labels = np.asarray(labels)
+        if not np.issubdtype(labels.dtype, np.integer):
+            raise TinyDiTError(f"labels have dtype {labels.dtype}: give integer class ids")
+        y = torch.as_tensor(labels, dtype=torch.int64).reshape(-1)  # (N,)
         if y.shape[0] != fake.shape[0]:
             raise TinyDiTError(f"{y.shape[0]} labels for {fake.shape[0]} samples; give one label per sample")
+        n_classes = len(load_dataset(data, train=False, root=root, limit=1).classes) if spec.feature_net else None
+        if n_classes is not None and (int(y.min()) < 0 or int(y.max()) >= n_classes):
+            raise TinyDiTError(f"labels range over {int(y.min())}..{int(y.max())}, but {data} has classes "
+                               f"0..{n_classes - 1}; give each sample's class id")  # fmt: skip
     if spec.feature_net is None and not (inception or inception_weights):
         raise TinyDiTError(f"no offline feature network for {data}: offline metrics exist for fashion-mnist and "
                            "shapes; use `inception` (or `inception_weights` PATH) for Inception FID")

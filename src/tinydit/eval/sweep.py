@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -45,7 +46,7 @@ COLUMNS = ("sampler", "steps", "tol", "cfg", "nfe", "fid_{net}", "kid_{net}_mean
 
 def sweep_points(samplers: list[str], steps: list[int], cfgs: list[float], tols: list[float]) -> list[dict]:
     """The combinations, in table order: {sampler, steps, tol, cfg}; dopri5 runs over ``tols`` instead of steps."""
-    if any(not tol > 0 for tol in tols):
+    if any(not (math.isfinite(tol) and tol > 0) for tol in tols):
         raise TinyDiTError(f"`tols` must be positive numbers such as 1e-2,1e-3, got {','.join(map(str, tols))}")
     points = []
     for name in dict.fromkeys(samplers):  # in the given order, each once
@@ -61,7 +62,8 @@ def sweep_points(samplers: list[str], steps: list[int], cfgs: list[float], tols:
 
 def _sampler_kwargs(point: dict, options: dict) -> dict:
     """The keywords of ``generate`` for one combination."""
-    kwargs = {"steps": point["steps"] or DOPRI5_FIRST_STEPS, "cfg_scale": point["cfg"], "sampler": point["sampler"],
+    steps = DOPRI5_FIRST_STEPS if point["steps"] is None else point["steps"]  # 0 is refused, not replaced
+    kwargs = {"steps": steps, "cfg_scale": point["cfg"], "sampler": point["sampler"],
               **options}  # fmt: skip
     if point["tol"] is not None:
         kwargs.update(rtol=point["tol"], atol=point["tol"])
@@ -101,16 +103,18 @@ def run_sweep(
     points = sweep_points(samplers, steps, cfgs, tols)
     for point in points:  # every setting is checked before the first sample is drawn
         _settings_of(_sampler_kwargs(point, options))
+    if batch_size < 1:
+        raise TinyDiTError(f"`batch_size` must be >= 1, got {batch_size}")
     if n < MIN_SAMPLES:
         raise TinyDiTError(f"`n` {n} is too few samples to score; give at least {MIN_SAMPLES} (1000 or more "
                            "for FIDs that differ by more than their noise)")  # fmt: skip
     out = Path(out)
-    ensure_writable_dir(out)
     model, state = load_model(checkpoint, ema=ema, map_location=device)
     data = state["data"]["name"]
     if eval_spec(data).feature_net is None:
         raise TinyDiTError(f"{checkpoint} was trained on {data}, which has no offline feature network; "
                            "tinydit sweep scores with the offline metrics (fashion-mnist and shapes)")  # fmt: skip
+    ensure_writable_dir(out)  # only once the inputs are known good
     settings = {"checkpoint": str(Path(checkpoint).resolve()), "checkpoint_step": state.get("step"), "ema": ema,
                 "data": data, "split": split, "n": n, "seed": seed, "grid": grid, "shift": shift,
                 "cfg_interval": list(cfg_interval) if cfg_interval is not None else None}  # fmt: skip

@@ -45,6 +45,8 @@ def generate(
     check_sampler_args(steps, cfg_scale, sampler, **options)  # once, for every batch below
     if len(y) < 1:
         raise TinyDiTError("nothing to sample: ask for at least one image (n >= 1)")
+    if batch_size < 1:
+        raise TinyDiTError(f"`batch_size` must be >= 1, got {batch_size}")
     cfg = model.config
     device = next(model.parameters()).device
     gen = torch.Generator().manual_seed(seed)

@@ -29,6 +29,7 @@ __all__ = ["FORMAT", "FORMAT_VERSION", "load_checkpoint", "load_model", "unwrap"
 
 FORMAT = "tinydit-checkpoint"
 FORMAT_VERSION = 1
+REQUIRED = ("model_config", "train_config", "data", "step")  # what load_model needs of a training checkpoint
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -66,6 +67,14 @@ def load_model(
     """The checkpoint's model (a DiT or an MMDiT) with its (EMA by default) weights, in eval mode, and the
     checkpoint dict. A text model's tokenizer is ``tokenizer_of(state)``."""
     state = state_or_path if isinstance(state_or_path, dict) else load_checkpoint(state_or_path, map_location)
+    data = state.get("data") if isinstance(state.get("data"), dict) else {}
+    missing = [k for k in REQUIRED if k not in state] + [f"data.{k}" for k in ("name", "classes") if k not in data]
+    if "model" not in state and "ema" not in state:
+        missing.append("model")
+    if missing:
+        where = "" if isinstance(state_or_path, dict) else f"{state_or_path} "
+        raise TinyDiTError(f"{where}lacks {', '.join(missing)}: the checkpoint is damaged, or was not written by "
+                           "`tinydit train`")  # fmt: skip
     kind = state.get("model_type", "dit")
     model = build_model(kind, config_from_dict(kind, state["model_config"]))
     weights = state["ema"] if ema and state.get("ema") is not None else state["model"]

@@ -18,7 +18,7 @@ import torch
 from tinydit import __version__
 from tinydit.config import TRAJECTORY_FIELDS, TrainConfig, canonical_name
 from tinydit.errors import TinyDiTError
-from tinydit.files import atomic_write
+from tinydit.files import torch_save
 from tinydit.models.checkpoint import FORMAT, FORMAT_VERSION
 from tinydit.models.registry import config_from_dict, preset_config
 
@@ -31,12 +31,16 @@ def save_checkpoint(path: str | Path, state: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"format": FORMAT, "format_version": FORMAT_VERSION, "tinydit_version": __version__, **state}
-    with atomic_write(path) as f:
-        torch.save(payload, f)
+    torch_save(path, payload)
 
 
 def check_same_run(cfg: TrainConfig, state: dict, out: Path, data_name: str | None = None) -> None:
-    """Refuse to continue the run in ``state`` with settings that change what it computes."""
+    """Refuse to continue the run in ``state`` with settings that change what it computes, or a checkpoint
+    that lacks what a continuation needs."""
+    missing = [k for k in ("model", "ema", "optimizer", "train_seconds", "rng") if k not in state]
+    if missing:
+        raise TinyDiTError(f"{out / 'checkpoint.pt'} lacks {', '.join(missing)}, so the run cannot be continued; "
+                           "start afresh with `overwrite` or choose another `out`")  # fmt: skip
     old = TrainConfig.from_dict(state["train_config"])
     old_data, new_data = state["data"]["name"], data_name or canonical_name(cfg.data)  # both canonical
     changed = [

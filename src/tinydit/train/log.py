@@ -16,7 +16,7 @@ from PIL import Image
 
 from tinydit import __version__
 from tinydit.errors import TinyDiTError
-from tinydit.files import write_text
+from tinydit.files import append_line, write_text
 from tinydit.flow import distill
 from tinydit.flow.path import N_T_BINS
 from tinydit.progress import Progress
@@ -33,8 +33,7 @@ class RunLog:
         self.board = _summary_writer(out / "tensorboard") if tensorboard else None
 
     def record(self, record: dict) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        append_line(self.path, json.dumps(record))
         if self.board is not None:
             for tag, value in _scalars(record):
                 self.board.add_scalar(tag, value, record["step"])

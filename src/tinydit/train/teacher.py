@@ -16,7 +16,7 @@ from torch import nn
 
 from tinydit.config import KNOTS
 from tinydit.errors import TinyDiTError
-from tinydit.files import atomic_write
+from tinydit.files import torch_save
 from tinydit.flow.generate import class_cycle
 from tinydit.flow.samplers import sample_path
 from tinydit.models.checkpoint import load_checkpoint, load_model
@@ -123,8 +123,7 @@ def run_paths(cfg, teacher_state: dict, cache: Path, device, precision: str, pro
                              progress=progress)
         for split, n, key in (("train", cfg.distill_paths, 0), ("val", cfg.val_size, 1))
     }  # fmt: skip
-    with atomic_write(cache) as f:
-        torch.save({"settings": settings, **{k: v.to_dict() for k, v in runs.items()}}, f)
+    torch_save(cache, {"settings": settings, **{k: v.to_dict() for k, v in runs.items()}})
     train = runs["train"]
     print(f"teacher paths: {len(train)} in {train.seconds:.0f} s ({train.nfe} evaluations each), cached in {cache}",
           file=sys.stderr)  # fmt: skip

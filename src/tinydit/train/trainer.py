@@ -23,7 +23,7 @@ from tinydit.config import TrainConfig
 from tinydit.errors import TinyDiTError
 from tinydit.eval.evaluate import default_best_metric, lower_is_better, score_model
 from tinydit.eval.run_report import write_run_report
-from tinydit.files import ensure_writable_dir
+from tinydit.files import RunDirLock, ensure_writable_dir
 from tinydit.flow import distill
 from tinydit.flow.guidance import null_condition
 from tinydit.flow.path import N_T_BINS, flow_loss, sample_t, t_bins
@@ -74,11 +74,21 @@ class Trainer:
         self.cfg, self.progress = cfg, progress
         self.out = Path(cfg.out)
         self.ckpt_path = self.out / "checkpoint.pt"
+        # Held from before the checkpoint is read until fit() ends: one trainer per run directory.
+        self.lock = RunDirLock(self.out)
+        try:
+            self._setup(overwrite, require_resume, dataset, val_dataset)
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def _setup(self, overwrite: bool, require_resume: bool, dataset: Dataset | None, val_dataset: Dataset | None):
+        cfg = self.cfg
         self.device = resolve_device(cfg.device)
         self.precision = resolve_precision(cfg.precision, self.device)
         self.compiled = resolve_compile(cfg.compile, self.device)
-        ensure_writable_dir(self.out)
-        self.log = RunLog(self.out, progress, cfg.tensorboard)
+        if self.out.is_dir():
+            self.lock.acquire()
         self.teacher_state = None  # distillation: the student copies the teacher's preset and architecture
         if cfg.few_step == "distill":
             self.teacher_state = load_teacher(cfg.teacher, cfg.model, canonical_data(cfg, dataset))
@@ -90,6 +100,9 @@ class Trainer:
         elif require_resume:
             raise TinyDiTError(f"`resume` given, but {self.ckpt_path} does not exist; drop `resume` to start a run")
         self.data = prepare_data(cfg, state, dataset, val_dataset)
+        ensure_writable_dir(self.out)  # only now: nothing is created for a run whose inputs are wrong
+        self.lock.acquire()
+        self.log = RunLog(self.out, self.progress, cfg.tensorboard)
         self.text = cfg.cond == "text"
         self.best = state.get("best") if state is not None else None  # {metric, value, step} of best.pt
         if cfg.eval_every:
@@ -312,10 +325,17 @@ class Trainer:
             return True
         return self.cfg.minutes is not None and self._seconds(started) >= self.cfg.minutes * 60
 
+    def close(self) -> None:
+        """Let go of the run directory without training (``fit`` does it when it ends)."""
+        self.lock.release()
+
     def fit(self) -> TrainResult:
         """Train until ``steps`` or ``minutes``, whichever comes first, then save and report."""
-        with self._linear_kernel():
-            return self._fit()
+        try:
+            with self._linear_kernel():
+                return self._fit()
+        finally:
+            self.lock.release()
 
     def _fit(self) -> TrainResult:
         cfg, log = self.cfg, self.log
