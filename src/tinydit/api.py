@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from tinydit.config import MODEL_PRESETS, TrainConfig, check_sampler_args
+from tinydit.config import MODEL_PRESETS, TrainConfig, check_sampler_args, check_seed
 from tinydit.data.datasets import load_dataset
 from tinydit.data.samples import check_output, write_samples
 from tinydit.data.text import tokenizer_of
@@ -99,6 +99,7 @@ def sample(
     or caption at all (the null label, the empty caption); an empty prompt is refused without it."""
     options = {k: v for k, v in options.items() if v is not None}
     check_sampler_args(steps, cfg_scale, sampler, **options)
+    check_seed(seed)
     if nrow is not None and nrow < 1:
         raise TinyDiTError(f"`nrow` must be >= 1, got {nrow}")
     if unconditional and (classes or prompts):
@@ -164,6 +165,7 @@ def evaluate(
     report.md (``command`` is recorded in both) and returns the metrics."""
     if (checkpoint is None) == (samples is None):
         raise TinyDiTError("give one of `checkpoint` (to sample and score) or `samples` (to score existing images)")
+    check_seed(seed)
     if (checkpoint or samples) and not Path(checkpoint or samples).exists():
         raise TinyDiTError(f"{checkpoint or samples} does not exist; pass a checkpoint.pt, or samples as an .npz "
                            "or a folder of images")  # fmt: skip
@@ -191,6 +193,7 @@ def sweep(checkpoint: str | Path, out: str | Path, samplers=("euler", "heun"), s
           tols=(1e-2, 1e-3), *, device: str | torch.device = "auto", **kwargs) -> list[dict]:  # fmt: skip
     """Quality against model evaluations for every sampler x steps x guidance combination
     (``tinydit.eval.sweep``); writes sweep.csv, sweep.md, sweep.json and sweep.png into ``out``."""
+    check_seed(kwargs.get("seed", 0))
     return run_sweep(checkpoint, out, samplers=list(samplers), steps=list(steps), cfgs=list(cfgs), tols=list(tols),
                      device=resolve_device(device), **kwargs)  # fmt: skip
 

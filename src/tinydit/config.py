@@ -23,7 +23,7 @@ from tinydit.tokens import parse_phrases
 
 __all__ = ["TrainConfig", "TRAJECTORY_FIELDS", "SHAPES_HOLDOUT", "FEW_STEP", "MODEL_CONDS", "MODEL_PRESETS",
            "DEFAULT_PRESETS", "SAMPLER_NAMES", "GRID_NAMES", "T_SAMPLINGS", "KNOTS", "BUILTIN_DATASETS",
-           "canonical_name", "check_sampler_args"]  # fmt: skip
+           "canonical_name", "check_sampler_args", "check_seed"]  # fmt: skip
 
 # Caption combinations a shapes text run never sees unless told otherwise (`holdout`): prompt adherence
 # on them measures compositional generalisation (tinydit.eval.adherence).
@@ -82,6 +82,12 @@ DEFAULT_PRESETS: dict[str, str] = {"dit": "dit-1.9m", "mmdit": "mmdit-2.3m"}
 BUILTIN_DATASETS = ("shapes", "fashion-mnist", "cifar10")
 _DATA_ALIASES = {"fashion-mnist": "fashion-mnist", "fashionmnist": "fashion-mnist", "fmnist": "fashion-mnist",
                  "cifar10": "cifar10", "cifar-10": "cifar10", "shapes": "shapes"}  # fmt: skip
+
+
+def check_seed(seed: int) -> None:
+    """A seed torch's generators take: an integer of at most 63 bits."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not -(2**63) <= seed < 2**63:
+        raise TinyDiTError(f"`seed` must be an integer between -2**63 and 2**63 - 1, got {seed!r}")
 
 
 def canonical_name(name: str) -> str:
@@ -214,6 +220,7 @@ class TrainConfig:
             for v in values if isinstance(values, (tuple, list)) else (values,):
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isfinite(v):
                     raise TinyDiTError(f"`{f.name}` must be a finite number, got {v}")
+        check_seed(self.seed)
         if self.model not in MODEL_CONDS:
             raise TinyDiTError(f"unknown `model` {self.model!r}: use one of {', '.join(MODEL_CONDS)}")
         presets, conds = MODEL_PRESETS[self.model], MODEL_CONDS[self.model]
