@@ -16,7 +16,8 @@ ALLOWED = {
     "flow": {"leaf", "models"},
     "train": {"leaf", "models", "data", "flow", "eval"},  # it scores its samples and writes its report
     "eval": {"leaf", "models", "data", "flow"},
-    "api": {"leaf", "models", "data", "flow", "train", "eval"},
+    "export": {"leaf", "models", "data"},
+    "api": {"leaf", "models", "data", "flow", "train", "eval", "export"},
     "cli": {"leaf", "api"},
     "main": {"cli"},
     "root": {"leaf"},
@@ -123,6 +124,13 @@ def test_a_forbidden_import_is_caught(module, line):
     sources = package_sources()
     sources[module] += f"\n\ndef _late():\n    {line}\n"
     assert forbidden_edges(import_graph(sources))
+
+
+def test_the_torch_free_sampler_imports_neither_tinydit_nor_torch():
+    tree = ast.parse((PACKAGE / "export" / "ort_sampler.py").read_text())
+    roots = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    roots |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert roots <= {"__future__", "json", "re", "numpy", "onnxruntime"}, roots
 
 
 def test_a_cycle_is_caught():

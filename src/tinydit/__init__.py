@@ -8,6 +8,7 @@ The package, one idea a folder, imports pointing one way (``tests/test_layers.py
     flow/     the method: path and loss, guidance, samplers, time grids, generation, few-step losses
     train/    the loop, optimizer and EMA, checkpoint writing and resume checks, teacher paths
     eval/     feature networks, metrics, evaluation, prompt adherence, sweeps, reports, plots
+    export/   ONNX, torch.export and a web page of a model; a sampler with numpy and onnxruntime alone
     api       one function per command;  cli: the ``tinydit`` command over it
 
 Conventions used across the package:

@@ -6,6 +6,7 @@
     sweep(checkpoint, out, samplers, steps, ...) -> rows            tinydit sweep
     presets()                                    -> rows            tinydit presets
     report(run_dir)                              -> report.html     tinydit report
+    export(checkpoint, format, out)              -> the file        tinydit export
     load_model(checkpoint)                       -> (model, checkpoint dict): v = model(x, t, y)
 
 Arguments are checked here, once, before any work; errors name the parameter in backticks.
@@ -31,6 +32,7 @@ from tinydit.eval.evaluate import evaluate as evaluate_images
 from tinydit.eval.report import write_report
 from tinydit.eval.run_report import write_run_report
 from tinydit.eval.sweep import run_sweep
+from tinydit.export import export as export_model
 from tinydit.files import ensure_writable_dir
 from tinydit.flow.distill import warn_if_untrained_settings
 from tinydit.flow.generate import class_cycle, generate
@@ -40,7 +42,8 @@ from tinydit.models.registry import MODEL_TYPES, build_model, preset_config
 from tinydit.runtime import autocast, maybe_compile, resolve_compile, resolve_device, resolve_precision
 from tinydit.train import Trainer, TrainResult
 
-__all__ = ["train", "sample", "Samples", "evaluate", "sweep", "presets", "report", "load_model", "resolve_labels",
+__all__ = ["train", "sample", "Samples", "evaluate", "sweep", "presets", "report", "export", "load_model",
+           "resolve_labels",
            "resolve_prompts"]  # fmt: skip
 
 
@@ -196,6 +199,12 @@ def sweep(checkpoint: str | Path, out: str | Path, samplers=("euler", "heun"), s
     check_seed(kwargs.get("seed", 0))
     return run_sweep(checkpoint, out, samplers=list(samplers), steps=list(steps), cfgs=list(cfgs), tols=list(tols),
                      device=resolve_device(device), **kwargs)  # fmt: skip
+
+
+def export(checkpoint: str | Path, format: str, out: str | Path, ema: bool = True,
+           ort_web: str | Path | None = None) -> Path:  # fmt: skip
+    """The checkpoint's velocity model as ONNX, a torch.export program, or a web page (``tinydit.export``)."""
+    return export_model(checkpoint, format, out, ema=ema, ort_web=ort_web)
 
 
 def report(run_dir: str | Path) -> Path:

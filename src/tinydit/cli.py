@@ -8,6 +8,7 @@
     tinydit sweep   --checkpoint FILE --samplers euler,heun --steps 4,8,16 --cfg 1,2 --n N --out DIR
     tinydit presets
     tinydit report  RUN_DIR
+    tinydit export  --checkpoint FILE --format onnx|pt2|web --out FILE|DIR
 
 The train flags are made from ``TrainConfig``'s fields, their types, defaults and the comment beside
 each; their choices are the library's own constants. Library errors name parameters in backticks
@@ -300,6 +301,13 @@ def cmd_presets(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    path = api.export(args.checkpoint, args.format, args.out, ema=args.ema, ort_web=args.ort_web)
+    hint = f"; serve it with: python -m http.server --directory {path}" if args.format == "web" else ""
+    print(f"wrote {path}{hint}", file=sys.stderr)
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     print(f"wrote {api.report(args.run_dir)}", file=sys.stderr)
     return 0
@@ -325,6 +333,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_eval(sub)
     _add_sweep(sub)
     sub.add_parser("presets", help="list the model size presets").set_defaults(func=cmd_presets)
+    p = sub.add_parser("export", help="the model as ONNX, a torch.export program, or a page that samples in a browser")
+    p.add_argument("--checkpoint", required=True, help="checkpoint.pt written by `tinydit train`")
+    p.add_argument("--format", required=True, help="onnx (FILE.onnx) | pt2 (FILE.pt2) | web (a folder)")
+    p.add_argument("--out", required=True, help="FILE.onnx, FILE.pt2, or the web page's folder")
+    p.add_argument("--no-ema", dest="ema", action="store_false", help="export the raw weights instead of the EMA")
+    p.add_argument("--ort-web", default=None,
+                   help="web: the dist folder of the npm package onnxruntime-web "
+                        "(default: node_modules/ here or above)")
+    p.set_defaults(func=cmd_export)
     p = sub.add_parser("report", help="write RUN_DIR/report.html: config, curves, evaluations and samples of a run")
     p.add_argument("run_dir", help="the run directory (`tinydit train --out`)")
     p.set_defaults(func=cmd_report)

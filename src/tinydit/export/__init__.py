@@ -1,0 +1,152 @@
+"""``tinydit export``: a checkpoint's EMA velocity model v(x, t, y) as a file that runs without TinyDiT.
+
+    onnx   model.onnx through torch.onnx.export (the dynamo exporter; the ``export`` extra: onnx, onnxscript)
+    pt2    a torch.export program (torch.export.save), loaded with torch.export.load
+    web    a folder with index.html, model.onnx, a JavaScript sampler and onnxruntime-web (from its npm
+           package, copied in): open it with ``python -m http.server`` and sample in the browser
+
+Every format has a dynamic batch (guidance's two halves run in one call) and carries what a sampler
+needs as JSON (``tinydit``: in the ONNX model's metadata, in the .pt2's extra files, and as the web
+folder's model.json): the image shape, the classes or the tokenizer, the time convention, and the
+sampler settings the run's sample grids used. ``tinydit.export.ort_sampler`` samples a model.onnx with
+numpy and onnxruntime alone.
+
+TorchScript is left out: torch.export is its successor in torch 2.x, and ONNX covers the runtimes
+without Python.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from tinydit.data.text import tokenizer_of
+from tinydit.errors import TinyDiTError
+from tinydit.files import atomic_write, ensure_writable_dir, write_text
+from tinydit.models.attention import ATTENTION
+from tinydit.models.checkpoint import load_model
+from tinydit.models.linear import LINEAR
+
+__all__ = ["FORMATS", "export", "metadata", "find_ort_web"]
+
+FORMATS = ("onnx", "pt2", "web")
+WEB = Path(__file__).parent / "web"  # index.html and sampler.js
+# The CPU (WebAssembly) build of onnxruntime-web: its script and the module and binary it loads.
+ORT_WEB_FILES = ("ort.wasm.min.js", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
+
+
+class _Velocity(nn.Module):
+    """The model with its inputs named and typed for export: (x, t, y[, d]) -> v."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, d: torch.Tensor | None = None):
+        return self.model(x, t, y) if d is None else self.model(x, t, y, d)
+
+
+def metadata(state: dict, model: nn.Module) -> dict:
+    """What a sampler of the exported model needs to know, as plain JSON."""
+    c, tok = model.config, tokenizer_of(state)
+    train = state.get("train_config", {})
+    return {
+        "format": "tinydit-export", "version": 1,
+        "image": {"channels": c.in_channels, "size": c.img_size},
+        "cond": c.cond, "classes": state["data"]["classes"], "n_classes": c.n_classes,
+        "tokenizer": tok.to_dict() if tok is not None else None,
+        "prompts": state["data"].get("prompts"), "shortcut": bool(c.shortcut),
+        "time": "t = 0 is data, t = 1 is Gaussian noise; x_t = (1 - t) x0 + t noise; the model returns v = dx/dt",
+        "null": "the label n_classes" if c.cond == "class" else "the empty caption: BOS (1), then PAD (0)",
+        "sampler": {"sampler": "euler", "steps": train.get("sample_steps", 32),
+                    "cfg_scale": train.get("sample_cfg", 2.0), "cfg_interval": None},
+        "data": state["data"]["name"], "step": state.get("step"),
+    }  # fmt: skip
+
+
+def _example(model: nn.Module, n: int = 2):
+    c = model.config
+    x = torch.randn(n, c.in_channels, c.img_size, c.img_size)
+    y = torch.arange(n) % c.n_classes if c.cond == "class" else torch.full((n, c.text_len), 3, dtype=torch.long)
+    args = (x, torch.rand(n), y) + ((torch.zeros(n),) if c.shortcut else ())
+    batch = torch.export.Dim("batch", min=1, max=65536)
+    return args, tuple({0: batch} for _ in args)
+
+
+def _onnx(model: nn.Module, meta: dict, path: Path) -> Path:
+    try:
+        import onnx  # noqa: F401  (the exporter needs onnx and onnxscript)
+        import onnxscript  # noqa: F401
+    except ImportError as err:
+        raise TinyDiTError("`format` onnx needs onnx and onnxscript: pip install 'tinydit[export]'") from err
+    args, dynamic = _example(model)
+    names = ["x", "t", "y", "d"][: len(args)]
+    with warnings.catch_warnings():  # the exporter reports its own progress as warnings
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(_Velocity(model), args, dynamo=True, input_names=names, output_names=["v"],
+                                    dynamic_shapes=dynamic, verbose=False)  # fmt: skip
+    proto = program.model_proto
+    entry = proto.metadata_props.add()
+    entry.key, entry.value = "tinydit", json.dumps(meta)
+    with atomic_write(path) as f:
+        f.write(proto.SerializeToString())
+    return path
+
+
+def _pt2(model: nn.Module, meta: dict, path: Path) -> Path:
+    args, dynamic = _example(model)
+    program = torch.export.export(_Velocity(model), args, dynamic_shapes=dynamic)
+    buf = io.BytesIO()
+    torch.export.save(program, buf, extra_files={"tinydit.json": json.dumps(meta)})
+    with atomic_write(path) as f:
+        f.write(buf.getbuffer())
+    return path
+
+
+def find_ort_web(hint: str | Path | None = None) -> Path:
+    """The dist folder of the npm package onnxruntime-web: ``hint``, else node_modules/ here or above."""
+    candidates = [Path(hint)] if hint else [p / "node_modules" / "onnxruntime-web" / "dist"
+                                            for p in (Path.cwd(), *Path.cwd().parents)]  # fmt: skip
+    for c in candidates:
+        if all((c / f).is_file() for f in ORT_WEB_FILES):
+            return c
+    where = hint or "node_modules/onnxruntime-web/dist here or in a folder above"
+    raise TinyDiTError(f"`format` web copies onnxruntime-web into the page, and {where} has not got it: run "
+                       "`npm install onnxruntime-web` (or pass `ort_web` DIR, the package's dist folder)")  # fmt: skip
+
+
+def _web(model: nn.Module, meta: dict, folder: Path, ort_web: str | Path | None) -> Path:
+    dist = find_ort_web(ort_web)  # before anything is written
+    ensure_writable_dir(folder)
+    _onnx(model, meta, folder / "model.onnx")
+    write_text(folder / "model.json", json.dumps(meta, indent=1) + "\n")
+    for name in ("index.html", "sampler.js"):
+        write_text(folder / name, (WEB / name).read_text())
+    for name in ORT_WEB_FILES:
+        shutil.copyfile(dist / name, folder / name)
+    return folder
+
+
+def export(checkpoint: str | Path, fmt: str, out: str | Path, ema: bool = True,
+           ort_web: str | Path | None = None) -> Path:  # fmt: skip
+    """Export the checkpoint's (EMA) model as ``fmt`` (onnx, pt2 or web) to ``out``; returns the path."""
+    if fmt not in FORMATS:
+        raise TinyDiTError(f"unknown `format` {fmt!r}: use one of {', '.join(FORMATS)}")
+    out = Path(out)
+    if fmt != "web" and out.suffix != f".{fmt}":
+        raise TinyDiTError(f"`out` {out}: a {fmt} export is a file ending in .{fmt}")
+    model, state = load_model(checkpoint, ema=ema)
+    meta = metadata(state, model)
+    # The portable kernels: plain matmuls (the oneDNN linear is an opaque custom operator) and attention
+    # written out, which every runtime has.
+    with LINEAR.use("blas"), ATTENTION.use("matmul"), torch.no_grad():
+        if fmt == "web":
+            return _web(model, meta, out, ort_web)
+        ensure_writable_dir(out.parent)
+        return _onnx(model, meta, out) if fmt == "onnx" else _pt2(model, meta, out)

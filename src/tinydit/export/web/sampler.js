@@ -1,0 +1,142 @@
+// TinyDiT's sampler in the browser: Euler or Heun on the uniform time grid, classifier-free guidance,
+// the model (model.onnx) run by onnxruntime-web. It follows tinydit.export.ort_sampler step for step.
+// Test mode, index.html?test=case.json: the initial noise and settings come from the file, and the
+// result is posted back to /result (the test's server) instead of only being drawn.
+"use strict";
+const PAD = 0, BOS = 1, UNK = 2;
+const $ = (id) => document.getElementById(id);
+const errors = [];
+window.addEventListener("error", (e) => errors.push(String(e.message || e)));
+window.addEventListener("unhandledrejection", (e) => errors.push(String(e.reason)));
+
+function words(text) {
+  return text.toLowerCase().match(/[a-z0-9]+(?:['-][a-z0-9]+)*/g) || [];
+}
+
+function encode(meta, prompt) {  // BOS, the words' ids (UNK if unknown), PAD up to L
+  const tok = meta.tokenizer, ids = new Map(tok.vocab.map((w, i) => [w, i + 3]));
+  const row = [BOS, ...words(prompt).slice(0, tok.max_len - 1).map((w) => ids.get(w) ?? UNK)];
+  while (row.length < tok.max_len) row.push(PAD);
+  return row;
+}
+
+function gaussian(seed, n) {  // seeded normal noise (mulberry32 + Box-Muller): the page's own, not torch's
+  let a = seed >>> 0;
+  const rand = () => { a = (a + 0x6D2B79F5) >>> 0; let t = a; t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61); return ((t ^ (t >>> 14)) >>> 0) / 4294967296; };
+  const out = new Float32Array(n);
+  for (let i = 0; i < n; i += 2) {
+    const r = Math.sqrt(-2 * Math.log(1 - rand())), th = 2 * Math.PI * rand();
+    out[i] = r * Math.cos(th);
+    if (i + 1 < n) out[i + 1] = r * Math.sin(th);
+  }
+  return out;
+}
+
+class Sampler {
+  constructor(session, meta) { this.session = session; this.meta = meta; }
+
+  async v(x, t, y, d) {  // x: Float32Array of B images; y: BigInt64Array (B) or (B, L)
+    const { channels: c, size: s } = this.meta.image, b = x.length / (c * s * s);
+    const feeds = {
+      x: new ort.Tensor("float32", x, [b, c, s, s]),
+      t: new ort.Tensor("float32", new Float32Array(b).fill(t), [b]),
+      y: new ort.Tensor("int64", y, this.meta.cond === "class" ? [b] : [b, this.meta.tokenizer.max_len]),
+    };
+    if (this.meta.shortcut) feeds.d = new ort.Tensor("float32", new Float32Array(b).fill(d), [b]);
+    return (await this.session.run(feeds)).v.data;
+  }
+
+  async velocity(x, t, y, null_, scale, guided, d) {
+    if (!guided || scale === 1) return this.v(x, t, y, d);
+    const both = new Float32Array(2 * x.length); both.set(x); both.set(x, x.length);
+    const ys = new BigInt64Array(2 * y.length); ys.set(y); ys.set(null_, y.length);
+    const v = await this.v(both, t, ys, d), n = x.length, out = new Float32Array(n), s = Math.fround(scale);
+    for (let i = 0; i < n; i++) out[i] = Math.fround(v[n + i] + Math.fround(s * Math.fround(v[i] - v[n + i])));
+    return out;
+  }
+
+  async sample(noise, y, null_, { steps, cfg, sampler, interval }, onStep) {
+    const [lo, hi] = interval || [0, 1];
+    let x = Float32Array.from(noise);
+    for (let i = 0; i < steps; i++) {
+      const t = i === 0 ? 1 : 1 - i / steps, tNext = i + 1 === steps ? 0 : 1 - (i + 1) / steps;
+      const dt = Math.fround(tNext - t), started = performance.now();
+      const v = await this.velocity(x, t, y, null_, cfg, cfg !== 1 && lo <= t && t <= hi, sampler === "euler" ? -dt : 0);
+      const pred = x.map((xi, k) => Math.fround(xi + Math.fround(dt * v[k])));
+      if (sampler === "heun" && tNext > 0) {
+        const v2 = await this.velocity(pred, tNext, y, null_, cfg, cfg !== 1 && lo <= tNext && tNext <= hi, 0);
+        const half = Math.fround(dt * 0.5);
+        x = x.map((xi, k) => Math.fround(xi + Math.fround(half * Math.fround(v[k] + v2[k]))));
+      } else {
+        x = pred;
+      }
+      if (onStep) await onStep(i, x, performance.now() - started);
+    }
+    return x;
+  }
+}
+
+function toBytes(x) {  // [-1, 1] -> uint8, rounded half to even as torch and numpy round
+  return Uint8Array.from(x, (v) => {
+    const u = Math.min(1, Math.max(0, Math.fround(Math.fround(v + 1) / 2))) * 255, f = Math.floor(u), r = u - f;
+    return r > 0.5 || (r === 0.5 && f % 2 === 1) ? f + 1 : f;
+  });
+}
+
+function draw(meta, x) {
+  const { channels: c, size: s } = meta.image, bytes = toBytes(x), img = new ImageData(s, s);
+  for (let p = 0; p < s * s; p++) {
+    for (let k = 0; k < 3; k++) img.data[4 * p + k] = bytes[(c === 1 ? 0 : k) * s * s + p];
+    img.data[4 * p + 3] = 255;
+  }
+  $("canvas").getContext("2d").putImageData(img, 0, 0);
+}
+
+async function main() {
+  ort.env.wasm.numThreads = 1;  // python -m http.server sends no cross-origin isolation headers
+  const meta = await (await fetch("model.json")).json();
+  const session = await ort.InferenceSession.create("model.onnx", { executionProviders: ["wasm"] });
+  const sampler = new Sampler(session, meta), size = meta.image.size;
+  $("canvas").width = $("canvas").height = size;
+  $("about").textContent = `A ${meta.cond === "class" ? "class" : "text"}-conditioned model trained on ${meta.data} ` +
+    `(step ${meta.step}), ${meta.image.channels}x${size}x${size} images.`;
+  if (meta.cond === "class") {
+    meta.classes.forEach((name, i) => $("class").add(new Option(name, i)));
+  } else {
+    $("class-label").hidden = true; $("prompt-label").hidden = false;
+    $("prompt").value = (meta.prompts && meta.prompts[0]) || "";
+  }
+  $("steps").value = meta.sampler.steps; $("cfg").value = meta.sampler.cfg_scale;
+  const condition = (prompt, label) => meta.cond === "class"
+    ? [BigInt64Array.of(BigInt(label)), BigInt64Array.of(BigInt(meta.n_classes))]
+    : [BigInt64Array.from(encode(meta, prompt), BigInt), BigInt64Array.from(encode(meta, ""), BigInt)];
+  const test = new URLSearchParams(location.search).get("test");
+  if (test) {  // the browser test: given noise and settings, post the image back
+    const c = await (await fetch(test)).json();
+    const [y, null_] = condition(c.prompt, c.label);
+    const x = await sampler.sample(Float32Array.from(c.noise), y, null_, c, (i, xi) => draw(meta, xi));
+    await fetch("/result", { method: "POST", body: JSON.stringify({ pixels: Array.from(toBytes(x)), errors }) });
+    return;
+  }
+  $("go").disabled = false;
+  $("go").onclick = async () => {
+    $("go").disabled = true;
+    const settings = { steps: +$("steps").value, cfg: +$("cfg").value, sampler: $("sampler").value, interval: null };
+    const [y, null_] = condition($("prompt").value, +$("class").value);
+    const noise = gaussian(+$("seed").value, meta.image.channels * size * size);
+    let total = 0;
+    await sampler.sample(noise, y, null_, settings, async (i, x, ms) => {
+      total += ms; draw(meta, x);
+      $("status").textContent = `step ${i + 1}/${settings.steps}: ${ms.toFixed(0)} ms (${total.toFixed(0)} ms in all)`;
+      await new Promise(requestAnimationFrame);  // let the canvas show this step
+    });
+    $("go").disabled = false;
+  };
+}
+
+main().catch((e) => {
+  errors.push(String(e)); $("about").textContent = "Could not load the model: " + e;
+  if (new URLSearchParams(location.search).get("test"))
+    fetch("/result", { method: "POST", body: JSON.stringify({ pixels: [], errors }) });
+});

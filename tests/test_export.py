@@ -1,0 +1,212 @@
+"""tinydit export: ONNX and torch.export programs that compute what the model computes, a sampler with
+numpy and onnxruntime alone that draws what ``tinydit sample`` draws, and a page that draws it in a
+real browser."""
+
+import http.server
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tinydit.cli import main
+from tinydit.data.text import Tokenizer
+from tinydit.export import ORT_WEB_FILES, export, find_ort_web
+from tinydit.export.ort_sampler import OnnxSampler, to_uint8
+from tinydit.flow.generate import generate
+from tinydit.images import to_uint8 as torch_to_uint8
+from tinydit.models.checkpoint import load_model
+from tinydit.models.dit import DiTConfig
+from tinydit.models.mmdit import MMDiTConfig
+from tinydit.models.registry import build_model
+
+ort = pytest.importorskip("onnxruntime", reason="the export extra: pip install 'tinydit[export]'")
+FIXTURES = Path(__file__).parent / "fixtures"
+TOKENIZER = Tokenizer(tuple(f"w{i}" for i in range(9)), 6)  # 12 ids, L = 6
+BASE = DiTConfig(dim=32, depth=2, n_heads=2)
+VARIANTS = {
+    "dit": BASE,
+    "dit-switches": replace(BASE, norm="rmsnorm", qk_norm=True, mlp="swiglu", pos="rope"),
+    "dit-x-pred-grey": DiTConfig(img_size=28, in_channels=1, dim=32, depth=1, n_heads=2, pred="x"),
+    "dit-shortcut": replace(BASE, shortcut=True),
+    "dit-text": DiTConfig(dim=32, depth=1, n_heads=2, cond="text", vocab_size=12, text_len=6, text_depth=1),
+    "mmdit": MMDiTConfig(dim=32, depth=2, n_heads=2, single_blocks=1, vocab_size=12, text_len=6, text_depth=1),
+}
+TOLERANCE = 1e-4  # fp32: different kernels sum in different orders; the outputs are O(1)
+
+
+def _state(config) -> dict:
+    """A checkpoint dict of a randomly initialised (and then jittered) model of ``config``."""
+    kind = "mmdit" if isinstance(config, MMDiTConfig) else "dit"
+    torch.manual_seed(0)
+    model = build_model(kind, config)
+    for p in model.parameters():
+        p.data.add_(0.05 * torch.randn_like(p))  # off the zero init, so every weight matters
+    classes = [f"c{i}" for i in range(config.n_classes)]
+    text = {"tokenizer": TOKENIZER.to_dict()} if config.cond == "text" else {}
+    return {"model_type": kind, "model_config": config.to_dict(), "model": model.state_dict(),
+            "ema": model.state_dict(), "data": {"name": "shapes", "classes": classes}, "train_config": {}, "step": 0,
+            **text}  # fmt: skip
+
+
+def _inputs(config, n: int):
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(n, config.in_channels, config.img_size, config.img_size, generator=g)
+    t = torch.rand(n, generator=g)
+    y = (torch.arange(n) % (config.n_classes + 1) if config.cond == "class"
+         else torch.randint(3, config.vocab_size, (n, config.text_len), generator=g))  # fmt: skip
+    return (x, t, y) + ((torch.rand(n, generator=g),) if config.shortcut else ())
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_onnx_and_pt2_compute_what_the_model_computes(name, tmp_path):
+    config = VARIANTS[name]
+    state = _state(config)
+    model, _ = load_model(state)
+    onnx_path = export(state, "onnx", tmp_path / "m.onnx")
+    program = torch.export.load(export(state, "pt2", tmp_path / "m.pt2")).module()
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    for n in (1, 3, 8):  # one dynamic batch: guidance's doubled batch runs in the same program
+        args = _inputs(config, n)
+        with torch.no_grad():
+            ref = model(*args)
+            pt2 = program(*args)
+        feed = dict(zip(["x", "t", "y", "d"], (a.numpy() for a in args), strict=False))
+        out = session.run(None, feed)[0]
+        assert out.shape == tuple(ref.shape)
+        assert np.abs(out - ref.numpy()).max() < TOLERANCE
+        assert (pt2 - ref).abs().max().item() < TOLERANCE
+    meta = json.loads(session.get_modelmeta().custom_metadata_map["tinydit"])
+    assert meta["image"] == {"channels": config.in_channels, "size": config.img_size} and meta["cond"] == config.cond
+    assert (meta["tokenizer"] is not None) == (config.cond == "text") and "t = 1 is Gaussian noise" in meta["time"]
+
+
+@pytest.mark.parametrize("name, sampler, options", [
+    ("dit", "euler", {}), ("dit", "heun", {"cfg_interval": (0.1, 0.8)}), ("mmdit", "heun", {}),
+])  # fmt: skip
+def test_the_torch_free_sampler_draws_what_tinydit_sample_draws(name, sampler, options, tmp_path):
+    ckpt = FIXTURES / f"{name}-0.2m.pt"
+    model, state = load_model(ckpt)
+    onnx = OnnxSampler(str(export(ckpt, "onnx", tmp_path / "m.onnx")))
+    c = model.config
+    y = (torch.arange(8) % c.n_classes if c.cond == "class"
+         else torch.from_numpy(onnx.encode(["a red circle on a blue background"] * 8)))  # fmt: skip
+    ref = generate(model, y, steps=6, cfg_scale=2.5, seed=3, sampler=sampler, **options).x
+    noise = torch.randn(8, c.in_channels, c.img_size, c.img_size, generator=torch.Generator().manual_seed(3))
+    x = onnx.sample(noise.numpy(), y.numpy(), steps=6, cfg_scale=2.5, sampler=sampler, **options)
+    diff = np.abs(to_uint8(x).astype(int) - torch_to_uint8(ref).numpy().astype(int))
+    assert diff.max() <= 1  # within one uint8 level
+    assert np.array_equal(to_uint8(ref.numpy()), torch_to_uint8(ref).numpy())  # the same rounding
+
+
+def test_the_sampler_runs_where_torch_cannot_be_imported(tmp_path):
+    path = export(FIXTURES / "dit-0.2m.pt", "onnx", tmp_path / "m.onnx")
+    script = tmp_path / "run.py"
+    source = Path(__file__).parents[1] / "src" / "tinydit" / "export" / "ort_sampler.py"
+    shutil.copyfile(source, tmp_path / "ort_sampler.py")
+    script.write_text(
+        "import sys; sys.modules['torch'] = None; sys.modules['tinydit'] = None\n"  # either import would fail
+        "import numpy as np; from ort_sampler import OnnxSampler, to_uint8\n"
+        f"s = OnnxSampler({str(path)!r}); x = s.sample(np.random.default_rng(0).standard_normal((2, 3, 32, 32)), "
+        "np.array([0, 1]), steps=2)\nprint(to_uint8(x).shape, s.meta['classes'])\n"
+    )  # fmt: skip
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert res.returncode == 0 and "(2, 3, 32, 32) ['circle', 'square', 'triangle', 'cross']" in res.stdout, res.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--checkpoint", "OTHER", "--format", "onnx", "--out", "OUT/m.onnx"], "not a TinyDiT checkpoint"),
+    (["--checkpoint", "CKPT", "--format", "tflite", "--out", "OUT/m.tflite"], "unknown --format 'tflite'"),
+    (["--checkpoint", "CKPT", "--format", "onnx", "--out", "OUT/m.pt2"], "a file ending in .onnx"),
+    (["--checkpoint", "CKPT", "--format", "onnx", "--out", "/proc/tinydit/m.onnx"], "cannot write to output directory"),
+    (["--checkpoint", "CKPT", "--format", "web", "--out", "OUT/web", "--ort-web", "OUT/none"],
+     "npm install onnxruntime-web"),
+])  # fmt: skip
+def test_bad_exports_are_one_line_and_exit_2(args, message, tmp_path, capsys):
+    torch.save({"weights": torch.zeros(2)}, tmp_path / "other.pt")
+    subst = {"CKPT": str(FIXTURES / "dit-0.2m.pt"), "OTHER": str(tmp_path / "other.pt"), "OUT": str(tmp_path)}
+    args = [subst.get(a, a.replace("OUT", str(tmp_path))) for a in args]
+    assert main(["export", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count(": error: ") == 1 and message in err and "Traceback" not in err, err
+    assert not (tmp_path / "web").exists() and not (tmp_path / "m.onnx").exists()
+
+
+def test_a_missing_exporter_names_the_extra(tmp_path, monkeypatch):
+    from tinydit.errors import TinyDiTError
+
+    monkeypatch.setitem(sys.modules, "onnxscript", None)
+    with pytest.raises(TinyDiTError, match=r"pip install 'tinydit\[export\]'"):
+        export(FIXTURES / "dit-0.2m.pt", "onnx", tmp_path / "m.onnx")
+
+
+def _ort_web() -> Path | None:
+    try:
+        return find_ort_web(os.environ.get("TINYDIT_ORT_WEB") or Path(__file__).parents[1] / "node_modules"
+                            / "onnxruntime-web" / "dist")  # fmt: skip
+    except Exception:
+        return None
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(CHROMIUM is None, reason="needs a Chromium (Debian: apt-get install chromium; .ci/run does)")
+@pytest.mark.skipif(_ort_web() is None,
+                    reason="needs onnxruntime-web from npm (npm install onnxruntime-web; .ci/run does)")
+@pytest.mark.parametrize("name", ["dit", "mmdit"])
+def test_the_web_page_draws_what_the_python_sampler_draws(name, tmp_path):
+    ckpt = FIXTURES / f"{name}-0.2m.pt"
+    folder = export(ckpt, "web", tmp_path / "web", ort_web=_ort_web())
+    files = {"index.html", "model.onnx", "model.json", "sampler.js", *ORT_WEB_FILES}
+    assert {p.name for p in folder.iterdir()} >= files
+    onnx = OnnxSampler(str(folder / "model.onnx"))
+    meta = onnx.meta
+    noise = np.random.default_rng(5).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    prompt = "a yellow cross on a black background"
+    y = np.array([2]) if meta["cond"] == "class" else onnx.encode([prompt])
+    case = {"noise": noise.ravel().tolist(), "label": 2, "prompt": prompt, "steps": 5, "cfg": 2.0, "sampler": "heun",
+            "interval": [0.1, 0.9]}  # fmt: skip
+    (folder / "case.json").write_text(json.dumps(case))
+    want = to_uint8(onnx.sample(noise, y, steps=5, cfg_scale=2.0, sampler="heun", cfg_interval=(0.1, 0.9)))
+
+    posted, done = [], threading.Event()
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *a, **k):
+            super().__init__(*a, directory=str(folder), **k)
+
+        def do_POST(self):
+            posted.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(204)
+            self.end_headers()
+            done.set()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/index.html?test=case.json"
+    browser = subprocess.Popen([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                                "--no-first-run", "--disable-background-networking", "--disable-component-update",
+                                "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}", url],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        assert done.wait(timeout=120), "the page never posted its image"
+    finally:
+        browser.kill()
+        browser.wait(timeout=30)
+        server.shutdown()
+    result = posted[0]
+    assert result["errors"] == []
+    got = np.array(result["pixels"], dtype=int).reshape(want.shape)
+    assert np.abs(got - want.astype(int)).max() <= 1  # within one uint8 level of the Python sampler
