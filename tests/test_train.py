@@ -297,3 +297,18 @@ def test_a_run_begun_with_the_unfused_adamw_continues_with_it_exactly(tmp_path, 
     scaler.unscale_(resumed.opt)
     scaler.step(resumed.opt)
     scaler.update()
+
+
+def test_a_class_filter_trains_on_those_classes_relabelled_in_the_order_given(tmp_path, capsys):
+    from tinydit.cli import main
+
+    trainer = Trainer(fast_config(tmp_path, steps=2, classes="cross,0"), progress=False)
+    assert trainer.train_set.classes == ["cross", "circle"] and trainer.model_config.n_classes == 2
+    assert set(trainer.train_set.labels.tolist()) == {0, 1} and len(trainer.train_set) == 256  # limit counts kept ones
+    captions = {c.split(" on ")[0].split()[-1] for c in trainer.train_set.captions}
+    assert captions == {"cross", "circle"}  # the images are the ones asked for
+    trainer.fit()
+    assert load_checkpoint(tmp_path / "checkpoint.pt")["data"]["classes"] == ["cross", "circle"]
+    assert main(["train", "--data", "shapes", "--classes", "hexagon", "--out", tmp_path / "bad"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown class 'hexagon' in --classes: the data has circle, square, triangle, cross" in err

@@ -14,6 +14,9 @@ Arguments are checked here, once, before any work; errors name the parameter in 
 
 from __future__ import annotations
 
+import datetime
+import json
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +25,15 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from tinydit.config import MODEL_PRESETS, TrainConfig, check_sampler_args, check_seed
+from tinydit.config import (
+    MODEL_PRESETS,
+    SAMPLING_DEFAULT,
+    SAMPLING_KEYS,
+    TrainConfig,
+    check_sampler_args,
+    check_seed,
+    recommended_sampling,
+)
 from tinydit.data.datasets import load_dataset
 from tinydit.data.samples import check_output, write_samples
 from tinydit.data.text import tokenizer_of
@@ -33,7 +44,7 @@ from tinydit.eval.report import write_report
 from tinydit.eval.run_report import write_run_report
 from tinydit.eval.sweep import run_sweep
 from tinydit.export import export as export_model
-from tinydit.files import ensure_writable_dir
+from tinydit.files import RunDirLock, ensure_writable_dir
 from tinydit.flow.distill import warn_if_untrained_settings
 from tinydit.flow.generate import class_cycle, generate
 from tinydit.models import checkpoint as checkpoints
@@ -41,6 +52,7 @@ from tinydit.models.dit import DiTConfig, count_params
 from tinydit.models.registry import MODEL_TYPES, build_model, preset_config
 from tinydit.runtime import autocast, maybe_compile, resolve_compile, resolve_device, resolve_precision
 from tinydit.train import Trainer, TrainResult
+from tinydit.train.checkpoint import save_checkpoint
 
 __all__ = ["train", "sample", "Samples", "evaluate", "sweep", "presets", "report", "export", "load_model",
            "resolve_labels",
@@ -73,6 +85,47 @@ class Samples:
     nfe: int | float  # model evaluations per image
     seconds: float  # wall time of the sampling
     path: Path | None  # where they were written, if ``out`` was given
+    settings: dict | None = None  # the sampler settings used (``resolve_sampling``)
+    note: str = ""  # which settings those were, and why
+
+
+def recorded_sampling(state: dict) -> dict:
+    """The sampler settings a checkpoint records (``sampling``), or, for one written before they were
+    recorded, those its data set and preset would record now."""
+    if isinstance(state.get("sampling"), dict):
+        return state["sampling"]
+    train, data = state.get("train_config") or {}, state.get("data") or {}
+    cond = (state.get("model_config") or {}).get("cond", "class")  # an incomplete checkpoint fails in load_model
+    return recommended_sampling(data.get("name", ""), train.get("preset", ""), cond, train.get("few_step", "none"))
+
+
+def resolve_sampling(state: dict, **given) -> tuple[dict, str]:
+    """The settings to sample a checkpoint with: each one given (not None) wins, the rest come from the
+    checkpoint's record (``recorded_sampling``). Returns them and a line saying which and why."""
+    record = recorded_sampling(state)
+    given = {k: v for k, v in given.items() if v is not None}
+    settings = {k: given.get(k, record.get(k)) for k in SAMPLING_KEYS}
+    if "sampler" in given and given["sampler"] != record.get("sampler"):
+        for k in ("eta", "rtol", "atol"):  # the record's own options belong to the record's sampler
+            settings[k] = given.get(k)
+    what = f"{settings['sampler']}, {settings['steps']} steps, guidance {settings['cfg_scale']:g}"
+    if settings["cfg_interval"] and settings["cfg_scale"] != 1:
+        what += f" on t in [{settings['cfg_interval'][0]:g}, {settings['cfg_interval'][1]:g}]"
+    why = (f"the checkpoint's recorded settings ({record.get('source', 'no source')})" if not given else
+           f"{', '.join(sorted(given))} as given, the rest as recorded ({record.get('source', 'no source')})")
+    return settings, f"sampling with {what}: {why}"
+
+
+def sampling_note(checkpoint: str | Path) -> str:
+    """The line saying which settings sampling ``checkpoint`` uses, and why."""
+    return resolve_sampling(checkpoints.load_checkpoint(checkpoint))[1]
+
+
+def _split(settings: dict) -> tuple[str, int, float, dict]:
+    options = {k: v for k, v in settings.items() if k not in ("sampler", "steps", "cfg_scale") and v is not None}
+    if options.get("cfg_interval") is not None:
+        options["cfg_interval"] = tuple(options["cfg_interval"])
+    return settings["sampler"], settings["steps"], settings["cfg_scale"], options
 
 
 def sample(
@@ -81,9 +134,9 @@ def sample(
     classes: list[str] | None = None,
     prompts: list[str] | None = None,
     *,
-    sampler: str = "euler",
-    steps: int = 32,
-    cfg_scale: float = 2.0,
+    sampler: str | None = None,
+    steps: int | None = None,
+    cfg_scale: float | None = None,
     seed: int = 0,
     out: str | Path | None = None,
     nrow: int | None = None,
@@ -100,8 +153,6 @@ def sample(
     grid prompts), one grid row each. ``options``: the sampler's (grid, shift, cfg_interval, rtol, atol,
     eta). ``out``: FILE.png (a grid), FILE.npz or a folder of PNGs. ``unconditional``: images of no class
     or caption at all (the null label, the empty caption); an empty prompt is refused without it."""
-    options = {k: v for k, v in options.items() if v is not None}
-    check_sampler_args(steps, cfg_scale, sampler, **options)
     check_seed(seed)
     if nrow is not None and nrow < 1:
         raise TinyDiTError(f"`nrow` must be >= 1, got {nrow}")
@@ -110,6 +161,9 @@ def sample(
     device = resolve_device(device)
     precision = resolve_precision(precision, device)
     model, state = checkpoints.load_model(checkpoint, ema=ema, map_location=device)
+    settings, note = resolve_sampling(state, sampler=sampler, steps=steps, cfg_scale=cfg_scale, **options)
+    sampler, steps, cfg_scale, options = _split(settings)
+    check_sampler_args(steps, cfg_scale, sampler, **options)
     out = check_output(out) if out is not None else None  # created only once the checkpoint has loaded
     warn_if_untrained_settings(state, sampler, steps, cfg_scale, options.get("grid", "uniform"))
     forward = maybe_compile(model, resolve_compile(compile, device))
@@ -139,7 +193,7 @@ def sample(
     x = res.x.float()
     if out is not None:
         write_samples(x, labels, out, names, nrow=nrow)
-    return Samples(x, labels, names, res.nfe, time.perf_counter() - started, out)
+    return Samples(x, labels, names, res.nfe, time.perf_counter() - started, out, settings, note)
 
 
 def evaluate(
@@ -149,9 +203,9 @@ def evaluate(
     out: str | Path,
     data: str | None = None,
     n: int = 10_000,
-    sampler: str = "euler",
-    steps: int = 32,
-    cfg_scale: float = 2.0,
+    sampler: str | None = None,
+    steps: int | None = None,
+    cfg_scale: float | None = None,
     seed: int = 0,
     split: str = "test",
     data_root: str | Path = "data",
@@ -174,10 +228,13 @@ def evaluate(
                            "or a folder of images")  # fmt: skip
     extra: dict = {"nfe_per_image": None, "generation_seconds": None}
     if checkpoint is not None:
-        options = {k: v for k, v in options.items() if v is not None}
-        images, labels, data, classes, extra = generate_for_eval(checkpoint, n, steps, cfg_scale, seed,
+        state = checkpoints.load_checkpoint(checkpoint)
+        settings, note = resolve_sampling(state, sampler=sampler, steps=steps, cfg_scale=cfg_scale, **options)
+        sampler, steps, cfg_scale, options = _split(settings)
+        images, labels, data, classes, extra = generate_for_eval(state, n, steps, cfg_scale, seed,
                                                                  resolve_device(device), data, sampler=sampler,
                                                                  progress=progress, **options)  # fmt: skip
+        extra["sampler_note"] = note
     else:
         if not data:
             raise TinyDiTError("`samples` needs `data` (fashion-mnist, shapes, cifar10 or a folder) for the reference")
@@ -193,12 +250,55 @@ def evaluate(
 
 
 def sweep(checkpoint: str | Path, out: str | Path, samplers=("euler", "heun"), steps=(4, 8, 16, 32), cfgs=(1.0, 2.0),
-          tols=(1e-2, 1e-3), *, device: str | torch.device = "auto", **kwargs) -> list[dict]:  # fmt: skip
+          tols=(1e-2, 1e-3), *, device: str | torch.device = "auto", apply: bool = False, max_nfe: float = 20,
+          **kwargs) -> list[dict]:  # fmt: skip
     """Quality against model evaluations for every sampler x steps x guidance combination
-    (``tinydit.eval.sweep``); writes sweep.csv, sweep.md, sweep.json and sweep.png into ``out``."""
+    (``tinydit.eval.sweep``); writes sweep.csv, sweep.md, sweep.json and sweep.png into ``out``. With
+    ``apply``, the best setting within ``max_nfe`` evaluations per image becomes the checkpoint's record."""
     check_seed(kwargs.get("seed", 0))
-    return run_sweep(checkpoint, out, samplers=list(samplers), steps=list(steps), cfgs=list(cfgs), tols=list(tols),
+    if not (math.isfinite(max_nfe) and max_nfe >= 1):
+        raise TinyDiTError(f"`max_nfe` must be a number >= 1, got {max_nfe}")
+    rows = run_sweep(checkpoint, out, samplers=list(samplers), steps=list(steps), cfgs=list(cfgs), tols=list(tols),
                      device=resolve_device(device), **kwargs)  # fmt: skip
+    if apply:
+        record_sampling(checkpoint, best_setting(rows, max_nfe, kwargs.get("n", 1000), kwargs.get("seed", 0)))
+    return rows
+
+
+def sweep_rows(out: str | Path) -> list[dict]:
+    """The rows a sweep wrote into ``out`` (sweep.json)."""
+    return json.loads((Path(out) / "sweep.json").read_text())["rows"]
+
+
+def best_setting(rows: list[dict], max_nfe: float, n: int, seed: int) -> dict:
+    """The sweep row with the lowest FID within ``max_nfe`` model evaluations per image, as a record."""
+    within = [r for r in rows if r["nfe"] <= max_nfe]
+    if not within:
+        raise TinyDiTError(f"no swept setting takes at most {max_nfe:g} evaluations per image (the fewest took "
+                           f"{min(r['nfe'] for r in rows):g}); raise `max_nfe` or sweep fewer steps")  # fmt: skip
+    fid = f"fid_{within[0]['feature_net']}"
+    best = min(within, key=lambda r: r[fid])
+    s = best["sampler_settings"]
+    record = {**SAMPLING_DEFAULT, "sampler": s["name"], "steps": s["steps"], "cfg_scale": s["cfg"], "grid": s["grid"],
+              "shift": s.get("shift"), "cfg_interval": s.get("cfg_interval"), "eta": s.get("eta"),
+              "rtol": s.get("rtol"), "atol": s.get("atol")}  # fmt: skip
+    record["source"] = (f"tinydit sweep --apply, {datetime.date.today().isoformat()}: {fid} {best[fid]:.4g} with "
+                        f"{best['nfe']:g} evaluations per image ({n} samples, seed {seed}), the best of {len(within)} "
+                        f"settings within {max_nfe:g}")  # fmt: skip
+    return record
+
+
+def record_sampling(checkpoint: str | Path, record: dict) -> None:
+    """Write ``record`` as the checkpoint's sampler settings, atomically; everything else stays as it was.
+    A run that is training is refused (its next save would write its own record back)."""
+    path = Path(checkpoint)
+    lock = RunDirLock(path.parent).acquire()
+    try:
+        state = checkpoints.load_checkpoint(path)
+        save_checkpoint(path, {**{k: v for k, v in state.items() if k not in ("format", "format_version")},
+                               "sampling": record})  # fmt: skip
+    finally:
+        lock.release()
 
 
 def export(checkpoint: str | Path, format: str, out: str | Path, ema: bool = True,

@@ -132,12 +132,13 @@ def _add_sampler_args(p: argparse.ArgumentParser, steps: bool = True) -> None:
     """The sampler settings shared by `sample`, `eval` and `sweep` (checked by the library, not argparse,
     so a bad value is one clear line)."""
     if steps:
-        p.add_argument("--sampler", default="euler",
-                       help=f"{' | '.join(SAMPLER_NAMES)}: see docs/sampling.md")
-        p.add_argument("--steps", type=int, default=32,
+        p.add_argument("--sampler", default=None,
+                       help=f"{' | '.join(SAMPLER_NAMES)} (docs/sampling.md); default: the checkpoint's recorded "
+                            "settings, for this and every sampler flag not given")
+        p.add_argument("--steps", type=int, default=None,
                        help="steps of a fixed-step sampler (heun and midpoint evaluate twice per step); "
                             "dopri5: sets only its first trial step")
-    p.add_argument("--grid", default="uniform", help=f"time grid: {' | '.join(GRID_NAMES)} (SD3's, see --shift)")
+    p.add_argument("--grid", default=None, help=f"time grid: {' | '.join(GRID_NAMES)} (SD3's, see --shift)")
     p.add_argument("--shift", type=float, default=None,
                    help="shift of the shifted grid, > 1 favours the noise end; None: 3, as in SD3")
     p.add_argument("--cfg-interval", type=float, nargs=2, metavar=("LO", "HI"), default=None,
@@ -170,7 +171,7 @@ def _add_sample(sub) -> None:
     p.add_argument("--unconditional", action="store_true",
                    help="images of no class or caption (the null label, the empty caption); an empty --prompt "
                         "is refused without it")
-    p.add_argument("--cfg", dest="cfg_scale", type=float, default=2.0, help="classifier-free guidance scale (1 = off)")
+    p.add_argument("--cfg", dest="cfg_scale", type=float, default=None, help="classifier-free guidance scale (1 = off)")
     _add_sampler_args(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="samples.png", help="FILE.png (a grid), FILE.npz or a directory of PNGs")
@@ -197,7 +198,7 @@ def _add_eval(sub) -> None:
     p.add_argument("--split", default="test", choices=["test", "train"], help="reference split")
     p.add_argument("--data-root", dest="data_root", default="data")
     p.add_argument("--n", type=int, default=10000, help="samples to generate (with --checkpoint)")
-    p.add_argument("--cfg", dest="cfg_scale", type=float, default=2.0, help="guidance scale (with --checkpoint)")
+    p.add_argument("--cfg", dest="cfg_scale", type=float, default=None, help="guidance scale (with --checkpoint)")
     _add_sampler_args(p)  # with --checkpoint
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto")
@@ -227,6 +228,9 @@ def _add_sweep(sub) -> None:
     p.add_argument("--no-ema", dest="ema", action="store_false", help="use the raw weights instead of the EMA")
     p.add_argument("--out", required=True, help="directory for sweep.csv, sweep.md, sweep.json and sweep.png")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    p.add_argument("--apply", action="store_true",
+                   help="record the best setting within --max-nfe in the checkpoint: sample and eval then use it")
+    p.add_argument("--max-nfe", type=float, default=20, help="with --apply: model evaluations per image at most")
     p.set_defaults(func=cmd_sweep)
 
 
@@ -245,8 +249,9 @@ def cmd_sample(args: argparse.Namespace) -> int:
                      cfg_scale=args.cfg_scale, seed=args.seed, out=args.out, nrow=args.nrow, device=args.device,
                      precision=args.precision, compile=args.compile, ema=args.ema, progress=True,
                      unconditional=args.unconditional, **_options(args))  # fmt: skip
-    print(f"wrote {len(res.x)} samples to {res.path} ({args.sampler}, {res.nfe:g} model evaluations per image, "
-          f"{res.seconds:.1f} s)", file=sys.stderr)  # fmt: skip
+    print(res.note, file=sys.stderr)
+    print(f"wrote {len(res.x)} samples to {res.path} ({res.settings['sampler']}, {res.nfe:g} model evaluations per "
+          f"image, {res.seconds:.1f} s)", file=sys.stderr)  # fmt: skip
     return 0
 
 
@@ -279,10 +284,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                      steps=parse_list(args.steps, int, "--steps"), cfgs=parse_list(args.cfgs, float, "--cfg"),
                      tols=parse_list(args.tols, float, "--tols"), n=args.n, seed=args.seed, device=args.device,
                      split=args.split, root=args.root, cache_dir=args.cache_dir, batch_size=args.batch_size,
-                     ema=args.ema, progress=args.progress, command=_command(args), **_options(args))  # fmt: skip
+                     ema=args.ema, progress=args.progress, command=_command(args), apply=args.apply,
+                     max_nfe=args.max_nfe, **_options(args))  # fmt: skip
     with open(f"{args.out}/sweep.md") as f:
         print(f.read(), end="")
     print(f"wrote {len(rows)} rows to {args.out}/sweep.csv, sweep.json and sweep.png", file=sys.stderr)
+    if args.apply:
+        print(f"recorded in {args.checkpoint}: {api.sampling_note(args.checkpoint)}", file=sys.stderr)
     return 0
 
 

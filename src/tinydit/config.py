@@ -141,10 +141,47 @@ def check_sampler_args(
         raise TinyDiTError(f"`eta` must be in [0, 1] (0: deterministic, as Euler; 1: DDPM's noise), got {eta}")
 
 
+# The sampler settings a checkpoint records for sampling and evaluation ("sampling"), by data set, preset
+# and conditioning: the best measured within about 20 model evaluations per image, with where that was
+# measured. Anything else records SAMPLING_DEFAULT; `tinydit sweep --apply` records a run's own best.
+SAMPLING_KEYS = ("sampler", "steps", "cfg_scale", "grid", "shift", "cfg_interval", "eta", "rtol", "atol")
+SAMPLING_DEFAULT = {"sampler": "euler", "steps": 32, "cfg_scale": 2.0, "grid": "uniform", "shift": None,
+                    "cfg_interval": None, "eta": None, "rtol": None, "atol": None}  # fmt: skip
+RECOMMENDED_SAMPLING: dict[tuple[str, str, str], dict] = {
+    ("fashion-mnist", "dit-1.9m", "class"): {
+        "sampler": "heun", "steps": 6, "cfg_scale": 3.5, "cfg_interval": (0.1, 0.8),
+        "source": "docs/notes/sweeps.md: fid_fmnist_cnn 1.248 / 1.207 (10,000 samples, seeds 0 / 1) with 19 "
+                  "evaluations, against 1.229 / 1.203 for Heun 11's 37 (the 15-minute dit-1.9m, 2026-11-30)"},
+    ("fashion-mnist", "dit-0.2m", "class"): {
+        "sampler": "heun-first", "steps": 11, "cfg_scale": 3.5, "cfg_interval": (0.1, 0.9),
+        "source": "docs/notes/sweeps.md: fid_fmnist_cnn 1.448 / 1.471 (2 seeds, 10,000 samples) with 20 "
+                  "evaluations, the best measured on that checkpoint (2026-11-30)"},
+    ("shapes", "mmdit-2.3m", "text"): {
+        "sampler": "ancestral", "steps": 64, "cfg_scale": 10.0, "cfg_interval": (0.3, 1.0),
+        "source": "docs/text_to_image.md: all-attribute prompt adherence 0.912 / 0.907 (2 seeds), the best "
+                  "measured for the 20-minute MMDiT (2026-11-30)"},
+}  # fmt: skip
+
+
+def recommended_sampling(data: str, preset: str, cond: str, few_step: str = "none") -> dict:
+    """The sampler settings a new checkpoint records: complete (every key of SAMPLING_KEYS) and sourced."""
+    if few_step == "distill":
+        found = {"sampler": "euler", "steps": 4, "cfg_scale": 1.0,
+                 "source": "a distilled student takes 1, 2, 4 or 8 Euler steps at guidance 1 (docs/few_step.md)"}
+    else:
+        found = RECOMMENDED_SAMPLING.get((canonical_name(data), preset, cond))
+    if found is None:
+        return {**SAMPLING_DEFAULT, "source": "the default, not measured for this data set and preset: "
+                                              "`tinydit sweep --apply` records the best for this checkpoint"}
+    settings = {**SAMPLING_DEFAULT, **found}
+    settings["cfg_interval"] = list(settings["cfg_interval"]) if settings["cfg_interval"] else None
+    return settings
+
+
 # Fields that change what a run computes. A run directory can only be continued with the same values;
 # everything else (steps, minutes, logging intervals, device) may change between invocations.
 TRAJECTORY_FIELDS = (
-    "data", "preset", "batch_size", "lr", "warmup", "weight_decay", "grad_clip", "ema_decay",
+    "data", "classes", "preset", "batch_size", "lr", "warmup", "weight_decay", "grad_clip", "ema_decay",
     "class_dropout", "seed", "limit", "t_sampling", "t_shift", "norm", "qk_norm", "mlp", "pos", "pred", "few_step",
     "model", "cond", "holdout", "teacher", "teacher_sampler", "teacher_steps", "teacher_cfg", "teacher_cfg_interval",
     "distill_paths",
@@ -157,6 +194,7 @@ class TrainConfig:
     data: str = "shapes"  # shapes | fashion-mnist | cifar10 | path of an image folder
     data_root: str = "data"  # where downloadable data sets are looked for and stored
     limit: int | None = None  # use only the first `limit` training images (quick runs)
+    classes: str | None = None  # train on these classes only: names or ids, comma-separated (automobile,truck)
     model: str = "dit"  # dit | mmdit (tinydit.models.mmdit: image and text streams with joint attention)
     preset: str | None = None  # model size, see `tinydit presets`; None: the model's default preset
     cond: str | None = None  # class | text (the captions, tinydit.data.text); None: class for dit, text for mmdit
@@ -246,6 +284,8 @@ class TrainConfig:
         for name in ("batch_size", "log_every", "val_every", "val_size", "sample_every", "ckpt_every", "sample_steps"):
             if getattr(self, name) < 1:
                 raise TinyDiTError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.classes is not None and not [c for c in self.classes.split(",") if c.strip()]:
+            raise TinyDiTError(f"`classes` {self.classes!r} names no class: give names or ids, comma-separated")
         if self.limit is not None and self.limit < 1:
             raise TinyDiTError(f"`limit` must be >= 1, got {self.limit}")
         if self.lr <= 0:

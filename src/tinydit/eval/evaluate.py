@@ -295,7 +295,7 @@ def eval_conditions(state: dict, n: int) -> tuple[torch.Tensor, torch.Tensor, li
 
 
 def generate_for_eval(
-    checkpoint: str | Path,
+    checkpoint: str | Path | dict,
     n: int,
     steps: int,
     cfg_scale: float,
@@ -324,7 +324,8 @@ def generate_for_eval(
     warn_if_untrained_settings(state, sampler, steps, cfg_scale, options.get("grid") or "uniform")
     trained_on = state["data"]["name"]
     if data is not None and canonical_name(data) != trained_on:
-        raise TinyDiTError(f"{checkpoint} was trained on {trained_on}, not {data}; drop `data`")
+        where = "the checkpoint" if isinstance(checkpoint, dict) else checkpoint
+        raise TinyDiTError(f"{where} was trained on {trained_on}, not {data}; drop `data`")
     eval_spec(trained_on)
     x, labels, info = sample_for_eval(model, state, n, steps, cfg_scale, seed, sampler=sampler, progress=progress,
                                       **options)  # fmt: skip

@@ -99,6 +99,7 @@ def run_sweep(
 ) -> list[dict]:
     """Generate and score every combination (see the module docstring); returns the rows."""
 
+    grid = "uniform" if grid is None else grid
     options = {"grid": grid, "shift": shift, "cfg_interval": cfg_interval}
     points = sweep_points(samplers, steps, cfgs, tols)
     for point in points:  # every setting is checked before the first sample is drawn

@@ -64,8 +64,8 @@ def metadata(state: dict, model: nn.Module) -> dict:
         "prompts": state["data"].get("prompts"), "shortcut": bool(c.shortcut),
         "time": "t = 0 is data, t = 1 is Gaussian noise; x_t = (1 - t) x0 + t noise; the model returns v = dx/dt",
         "null": "the label n_classes" if c.cond == "class" else "the empty caption: BOS (1), then PAD (0)",
-        "sampler": {"sampler": "euler", "steps": train.get("sample_steps", 32),
-                    "cfg_scale": train.get("sample_cfg", 2.0), "cfg_interval": None},
+        "sampler": state.get("sampling") or {"sampler": "euler", "steps": train.get("sample_steps", 32),
+                                             "cfg_scale": train.get("sample_cfg", 2.0), "cfg_interval": None},
         "data": state["data"]["name"], "step": state.get("step"),
     }  # fmt: skip
 

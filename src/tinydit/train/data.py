@@ -87,8 +87,9 @@ def canonical_data(cfg: TrainConfig, dataset: Dataset | None) -> str:
 def _datasets(cfg: TrainConfig, dataset: Dataset | None, val_dataset: Dataset | None):
     if dataset is None:
         return (canonical_data(cfg, None),
-                load_dataset(cfg.data, train=True, root=cfg.data_root, limit=cfg.limit),
-                load_dataset(cfg.data, train=False, root=cfg.data_root, limit=cfg.val_size))  # fmt: skip
+                load_dataset(cfg.data, train=True, root=cfg.data_root, limit=None if cfg.classes else cfg.limit),
+                load_dataset(cfg.data, train=False, root=cfg.data_root,
+                             limit=None if cfg.classes else cfg.val_size))  # fmt: skip
     train = cache_dataset(dataset, flip=True, desc="decoding the training set")
     if val_dataset is not None:
         val = cache_dataset(val_dataset, flip=False, desc="decoding the validation set")
@@ -106,10 +107,35 @@ def _datasets(cfg: TrainConfig, dataset: Dataset | None, val_dataset: Dataset | 
     return canonical_data(cfg, dataset), train, val
 
 
+def only_classes(ds: CachedDataset, spec: str) -> CachedDataset:
+    """The images of the classes ``spec`` names (names or ids, comma-separated), relabelled 0, 1, ... in
+    the order given: the series' post 4 class filter, from a config."""
+    lookup = {name.lower(): i for i, name in enumerate(ds.classes)}
+    wanted = []
+    for item in (s.strip() for s in spec.split(",") if s.strip()):
+        i = int(item) if item.isdigit() and int(item) < len(ds.classes) else lookup.get(item.lower())
+        if i is None:
+            raise TinyDiTError(f"unknown class {item!r} in `classes`: the data has {', '.join(ds.classes)} "
+                               f"(or ids 0-{len(ds.classes) - 1})")  # fmt: skip
+        if i not in wanted:
+            wanted.append(i)
+    keep = torch.nonzero(torch.isin(ds.labels, torch.tensor(wanted))).flatten()
+    out = ds.subset(keep)
+    remap = torch.full((len(ds.classes),), -1, dtype=torch.int64)
+    remap[torch.tensor(wanted)] = torch.arange(len(wanted))
+    out.labels, out.classes = remap[out.labels], [ds.classes[i] for i in wanted]
+    return out
+
+
 def prepare_data(cfg: TrainConfig, state: dict | None = None, dataset: Dataset | None = None,
                  val_dataset: Dataset | None = None) -> RunData:  # fmt: skip
     """The run's data: ``cfg.data`` by name, or ``dataset`` (and ``val_dataset``) given from Python."""
     name, train_set, val_set = _datasets(cfg, dataset, val_dataset)
+    if cfg.classes is not None:  # filtered first, so that `limit` and `val_size` count the classes kept
+        train_set, val_set = only_classes(train_set, cfg.classes), only_classes(val_set, cfg.classes)
+        if cfg.limit is not None:
+            train_set = train_set.subset(torch.arange(min(cfg.limit, len(train_set))))
+        val_set = val_set.subset(torch.arange(min(cfg.val_size, len(val_set))))
     data = RunData(name, train_set, val_set)
     if cfg.cond != "text":
         return data

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from tinydit.config import TrainConfig
+from tinydit.config import TrainConfig, recommended_sampling
 from tinydit.errors import TinyDiTError
 from tinydit.eval.evaluate import default_best_metric, lower_is_better, score_model
 from tinydit.eval.run_report import write_run_report
@@ -105,6 +105,10 @@ class Trainer:
         self.log = RunLog(self.out, self.progress, cfg.tensorboard)
         self.text = cfg.cond == "text"
         self.best = state.get("best") if state is not None else None  # {metric, value, step} of best.pt
+        # The sampler settings the checkpoint records for sampling it: a continued run keeps its record
+        # (`tinydit sweep --apply` may have written it), a new one takes the measured best for its setup.
+        recorded = state.get("sampling") if state is not None else None
+        self.sampling = recorded or recommended_sampling(self.data.name, cfg.preset, cfg.cond, cfg.few_step)
         if cfg.eval_every:
             self.best_metric, self.lower_is_better = self._best_metric()
         self.model_config = model_config_for(cfg, self.data.model_fields(), state, self.teacher_state)
@@ -166,7 +170,7 @@ class Trainer:
                      **({"prompts": list(self.prompts)} if self.text else {})},
             "model": unwrap(self.model).state_dict(), "ema": unwrap(self.ema).state_dict(),
             "optimizer": self.opt.state_dict(), "grad_scaler": self.scaler.state_dict(),
-            "step": self.step, "train_seconds": self.train_seconds, "best": self.best,
+            "step": self.step, "train_seconds": self.train_seconds, "best": self.best, "sampling": self.sampling,
             "kernels": {"device": self.device.type, "precision": self.precision, **self.kernels()},
             "rng": {"torch": torch.get_rng_state(),
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},

@@ -1,0 +1,77 @@
+"""The sampler settings travel with the checkpoint: recorded at training, used by sample and eval when
+no sampler flag is given, overridden flag by flag, and replaced by ``tinydit sweep --apply`` without
+touching the weights."""
+
+import shutil
+
+import torch
+from conftest import fast_config
+
+from tinydit import api
+from tinydit.cli import main
+from tinydit.config import recommended_sampling
+from tinydit.models.checkpoint import load_checkpoint
+from tinydit.train import Trainer
+
+HEUN = {"sampler": "heun", "steps": 3, "cfg_scale": 1.5, "grid": "uniform", "shift": None, "cfg_interval": [0.2, 0.9],
+        "eta": None, "rtol": None, "atol": None, "source": "a test"}  # fmt: skip
+
+
+def test_a_checkpoint_records_the_measured_settings_of_its_setup_or_says_it_has_none(tiny_run):
+    fmnist = recommended_sampling("fashion-mnist", "dit-1.9m", "class")
+    got = (fmnist["sampler"], fmnist["steps"], fmnist["cfg_scale"], fmnist["cfg_interval"])
+    assert got == ("heun", 6, 3.5, [0.1, 0.8])
+    assert "docs/notes/sweeps.md" in fmnist["source"]
+    assert recommended_sampling("shapes", "mmdit-2.3m", "text")["sampler"] == "ancestral"
+    assert recommended_sampling("fashion-mnist", "dit-1.9m", "class", "distill")["steps"] == 4  # a student's own
+    record = load_checkpoint(tiny_run[0] / "checkpoint.pt")["sampling"]  # shapes dit-0.2m: nothing measured
+    assert record["sampler"] == "euler" and "not measured" in record["source"]
+
+
+def _with_record(tiny_run, tmp_path, record) -> str:
+    ckpt = tmp_path / "checkpoint.pt"
+    shutil.copyfile(tiny_run[0] / "checkpoint.pt", ckpt)
+    api.record_sampling(ckpt, record)
+    return ckpt
+
+
+def test_sample_uses_the_record_and_a_flag_overrides_its_field_alone(tiny_run, tmp_path, capsys):
+    ckpt = _with_record(tiny_run, tmp_path, HEUN)
+    res = api.sample(ckpt, n=4)
+    assert res.settings["sampler"] == "heun" and res.settings["cfg_interval"] == [0.2, 0.9]
+    # Heun 3 on the uniform grid, guided on [0.2, 0.9]: t = 1 (1) and its corrector at 2/3 (2), then 2/3 (2) and
+    # 1/3 (2), then 1/3 (2) and a plain Euler step to 0: 9 evaluations
+    assert res.nfe == 9
+    assert "the checkpoint's recorded settings (a test)" in res.note
+    res = api.sample(ckpt, n=4, steps=2)
+    assert (res.settings["sampler"], res.settings["steps"], res.settings["cfg_scale"]) == ("heun", 2, 1.5)
+    assert "steps as given, the rest as recorded" in res.note
+    res = api.sample(ckpt, n=4, sampler="euler", steps=4, cfg_scale=1.0)
+    assert res.nfe == 4  # every flag given: the record is not used at all
+    assert main(["sample", "--checkpoint", ckpt, "--n", 2, "--out", tmp_path / "x.png"]) == 0
+    assert "sampling with heun, 3 steps, guidance 1.5 on t in [0.2, 0.9]" in capsys.readouterr().err
+    metrics = api.evaluate(checkpoint=ckpt, n=20, out=tmp_path / "eval")
+    assert metrics["sampler"]["name"] == "heun" and "recorded" in metrics["sampler_note"]
+
+
+def test_sweep_apply_records_the_best_within_the_budget_and_never_touches_the_weights(tiny_run, tmp_path, capsys):
+    ckpt = tmp_path / "checkpoint.pt"
+    shutil.copyfile(tiny_run[0] / "checkpoint.pt", ckpt)
+    before = load_checkpoint(ckpt)
+    assert main(["sweep", "--checkpoint", ckpt, "--samplers", "euler,heun", "--steps", "2,8", "--cfg", "1,2", "--n", 20,
+                 "--max-nfe", 8, "--apply", "--no-progress", "--out", tmp_path / "sweep"]) == 0  # fmt: skip
+    after = load_checkpoint(ckpt)
+    rows = [r for r in api.sweep_rows(tmp_path / "sweep") if r["nfe"] <= 8]
+    best = min(rows, key=lambda r: r["fid_shapes_cnn"])
+    assert (after["sampling"]["sampler"], after["sampling"]["steps"]) == (best["sampler"], best["steps"])
+    assert "tinydit sweep --apply" in after["sampling"]["source"] and "within 8" in after["sampling"]["source"]
+    for key in ("model", "ema"):
+        assert all(torch.equal(before[key][k], after[key][k]) for k in before[key])
+    assert set(before) == set(after) and before["step"] == after["step"]
+    assert "recorded in" in capsys.readouterr().err
+    # a continued run keeps the applied record
+    run = tmp_path / "continued"
+    Trainer(fast_config(run, steps=8), progress=False).fit()
+    api.record_sampling(run / "checkpoint.pt", HEUN)
+    Trainer(fast_config(run, steps=10), progress=False).fit()
+    assert load_checkpoint(run / "checkpoint.pt")["sampling"] == HEUN
