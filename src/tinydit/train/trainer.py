@@ -297,15 +297,20 @@ class Trainer:
 
     @torch.no_grad()
     def _evaluate(self, started: float) -> float:
-        """Score ``eval_n`` EMA samples (in the run's precision) into metrics.jsonl and keep the best as
+        """Score ``eval_n`` EMA samples (in the run's precision, with the sampler settings the checkpoint
+        records, ``self.sampling``) into metrics.jsonl and keep the best as
         best.pt; returns the training clock's start, moved past the evaluation unless it counts."""
         t0 = time.perf_counter()
-        steps, scale = (4, 1.0) if self.paths is not None else (self.cfg.sample_steps, self.cfg.sample_cfg)
+        rec = self.sampling  # the settings the checkpoint records: what sample and eval will use
+        options = {k: rec[k] for k in ("grid", "shift", "eta", "rtol", "atol") if rec.get(k) is not None}
+        if rec.get("cfg_interval"):
+            options["cfg_interval"] = tuple(rec["cfg_interval"])
         state = {"data": {"name": self.data.name, "classes": self.train_set.classes},
                  "train_config": self.cfg.to_dict(), "tokenizer": self.tokenizer.to_dict() if self.text else None}
         with autocast(self.device, self.precision):  # the run's precision: its scores follow the run, not the machine
-            metrics = score_model(self.ema_forward, state, self.cfg.eval_n, steps, scale, seed=self.cfg.seed,
-                                  root=self.cfg.data_root, progress=self.progress)  # fmt: skip
+            metrics = score_model(self.ema_forward, state, self.cfg.eval_n, rec["steps"], rec["cfg_scale"],
+                                  seed=self.cfg.seed, root=self.cfg.data_root, progress=self.progress,
+                                  sampler=rec["sampler"], **options)  # fmt: skip
         if self.best_metric not in metrics:
             raise TinyDiTError(f"`best_metric` {self.best_metric!r} is not among the evaluation's metrics "
                                f"({', '.join(sorted(metrics))})")  # fmt: skip
