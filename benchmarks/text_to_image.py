@@ -111,6 +111,8 @@ def main() -> None:
         rates.update({key[name]: s for name, s in zip(variants, race(workloads, steps=2, repeats=5), strict=True)})
         rates_file.write_text(json.dumps(rates, indent=2) + "\n")
         del workloads
+    for t in trainers.values():
+        t.close()  # a set-up trainer holds its run directory; the runs below train there
     del trainers
 
     # 3. Train each for the steps it completes in the budget, then score it on the same prompts and noise.
