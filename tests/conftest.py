@@ -1,3 +1,5 @@
+import shutil
+
 import pytest
 import torch
 
@@ -55,3 +57,14 @@ def tiny_run(tmp_path_factory):
 def eval_cache(tmp_path_factory):
     """One reference-feature cache for the evaluation and sweep tests: the shapes features are computed once."""
     return tmp_path_factory.mktemp("eval-cache")
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+NEEDS_CHROMIUM = "needs a Chromium (Debian: apt-get install chromium; .ci/run does)"
+
+
+def chromium(profile, *args: str) -> list[str]:
+    """A headless Chromium command line that runs as root and reaches nothing outside this machine."""
+    return [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            f"--user-data-dir={profile}", *args]  # fmt: skip

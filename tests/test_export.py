@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import CHROMIUM, NEEDS_CHROMIUM, chromium
 
 from tinydit.cli import main
 from tinydit.data.text import Tokenizer
@@ -155,11 +156,8 @@ def _ort_web() -> Path | None:
         return None
 
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-
-
 @pytest.mark.browser
-@pytest.mark.skipif(CHROMIUM is None, reason="needs a Chromium (Debian: apt-get install chromium; .ci/run does)")
+@pytest.mark.skipif(CHROMIUM is None, reason=NEEDS_CHROMIUM)
 @pytest.mark.skipif(_ort_web() is None,
                     reason="needs onnxruntime-web from npm (npm install onnxruntime-web; .ci/run does)")
 @pytest.mark.parametrize("name", ["dit", "mmdit"])
@@ -196,10 +194,8 @@ def test_the_web_page_draws_what_the_python_sampler_draws(name, tmp_path):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/index.html?test=case.json"
-    browser = subprocess.Popen([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                                "--no-first-run", "--disable-background-networking", "--disable-component-update",
-                                "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}", url],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    browser = subprocess.Popen(chromium(tmp_path / "profile", url), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)  # fmt: skip
     try:
         assert done.wait(timeout=120), "the page never posted its image"
     finally:

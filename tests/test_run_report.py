@@ -5,13 +5,12 @@ import base64
 import io
 import json
 import re
-import shutil
 import subprocess
 import sys
 
 import pytest
 import torch
-from conftest import fast_config
+from conftest import CHROMIUM, NEEDS_CHROMIUM, chromium, fast_config
 from PIL import Image
 
 from tinydit.cli import main
@@ -120,20 +119,15 @@ window.addEventListener("load", () => {
   document.body.dataset.errors = JSON.stringify(window.__errors);
 });
 </script>"""
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-
-
 @pytest.mark.browser
-@pytest.mark.skipif(CHROMIUM is None, reason="needs a Chromium (Debian: apt-get install chromium; .ci/run does)")
+@pytest.mark.skipif(CHROMIUM is None, reason=NEEDS_CHROMIUM)
 def test_the_report_renders_in_a_headless_browser_with_every_image_loaded(evaluated_run, tmp_path):
     out, _ = evaluated_run
     page = (out / "report.html").read_text().replace("<head>", "<head>" + CHECKER, 1)
     checked = tmp_path / "checked.html"
     checked.write_text(page)
-    res = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                          "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                          f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=5000", "--dump-dom",
-                          checked.as_uri()], capture_output=True, text=True, timeout=120)  # fmt: skip
+    res = subprocess.run(chromium(tmp_path / "profile", "--virtual-time-budget=5000", "--dump-dom", checked.as_uri()),
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
     body = re.search(r"<body([^>]*)>", res.stdout)
     assert body, res.stderr[-2000:]
     attrs = dict(re.findall(r'data-(\w+)="([^"]*)"', body.group(1)))

@@ -174,7 +174,7 @@ def sample(
                                "`prompts`; prompts need a text run (`model` mmdit or `cond` text)")  # fmt: skip
         n = 64 if n is None else n
         if unconditional:
-            y = labels = torch.full((resolve_labels(None, names, n).shape[0],), len(names))  # the null label
+            y = labels = torch.full_like(resolve_labels(None, names, n), len(names))  # the null label, n checked
             names = [*names, "unconditional"]
         else:
             y = labels = resolve_labels(classes, names, n)

@@ -114,7 +114,7 @@ class RunDirLock:
             self.file = None
 
 
-def ensure_writable_dir(path: str | Path, param: str = "out") -> Path:
+def ensure_writable_dir(path: str | Path, param: str = "`out`") -> Path:
     """Create ``path`` if needed and prove it can be written, before any long work starts."""
     path = Path(path)
     if path.exists() and not path.is_dir():
