@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).parent.parent / "src" / "tinydit"
-LEAVES = {"errors", "config", "runtime", "files", "images", "tokens", "progress"}  # the vocabulary every layer shares
+# the vocabulary every layer shares
+LEAVES = {"errors", "config", "runtime", "files", "images", "tokens", "progress", "distributed"}
 # What each layer may import (besides itself and the package root, which holds only __version__).
 ALLOWED = {
     "leaf": {"leaf"},

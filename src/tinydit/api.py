@@ -25,6 +25,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from tinydit import distributed
 from tinydit.config import (
     MODEL_PRESETS,
     SAMPLING_DEFAULT,
@@ -152,19 +153,22 @@ def sample(
     cycled; default all). Text models: ``n`` images (default 8) of each of ``prompts`` (default the run's
     grid prompts), one grid row each. ``options``: the sampler's (grid, shift, cfg_interval, rtol, atol,
     eta). ``out``: FILE.png (a grid), FILE.npz or a folder of PNGs. ``unconditional``: images of no class
-    or caption at all (the null label, the empty caption); an empty prompt is refused without it."""
+    or caption at all (the null label, the empty caption); an empty prompt is refused without it.
+
+    Under torchrun every process samples its share of the images and rank 0 writes them (``tinydit.distributed``)."""
     check_seed(seed)
     if nrow is not None and nrow < 1:
         raise TinyDiTError(f"`nrow` must be >= 1, got {nrow}")
     if unconditional and (classes or prompts):
         raise TinyDiTError("`unconditional` draws images of no class or caption: drop `classes` and `prompts`")
-    device = resolve_device(device)
+    world = distributed.init(resolve_device(device))
+    device = world.device(resolve_device(device))
     precision = resolve_precision(precision, device)
     model, state = checkpoints.load_model(checkpoint, ema=ema, map_location=device)
     settings, note = resolve_sampling(state, sampler=sampler, steps=steps, cfg_scale=cfg_scale, **options)
     sampler, steps, cfg_scale, options = _split(settings)
     check_sampler_args(steps, cfg_scale, sampler, **options)
-    out = check_output(out) if out is not None else None  # created only once the checkpoint has loaded
+    out = check_output(out) if out is not None and world.main else None  # created once the checkpoint has loaded
     warn_if_untrained_settings(state, sampler, steps, cfg_scale, options.get("grid", "uniform"))
     forward = maybe_compile(model, resolve_compile(compile, device))
     names, tokenizer = state["data"]["classes"], tokenizer_of(state)
@@ -189,7 +193,7 @@ def sample(
     started = time.perf_counter()
     with autocast(device, precision):
         res = generate(forward, y, steps=steps, cfg_scale=cfg_scale, seed=seed, sampler=sampler, progress=progress,
-                       **options)  # fmt: skip
+                       world=world, **options)  # fmt: skip
     x = res.x.float()
     if out is not None:
         write_samples(x, labels, out, names, nrow=nrow)
@@ -219,7 +223,10 @@ def evaluate(
 ) -> dict:
     """Score ``n`` samples drawn from ``checkpoint``, or the images in ``samples`` (an .npz or a folder,
     with ``data`` naming the reference), with the offline metrics; writes ``out``/metrics.json and
-    report.md (``command`` is recorded in both) and returns the metrics."""
+    report.md (``command`` is recorded in both) and returns the metrics.
+
+    Under torchrun the processes share the sampling and rank 0 alone scores and writes; the others
+    return an empty dict."""
     if (checkpoint is None) == (samples is None):
         raise TinyDiTError("give one of `checkpoint` (to sample and score) or `samples` (to score existing images)")
     check_seed(seed)
@@ -227,14 +234,18 @@ def evaluate(
         raise TinyDiTError(f"{checkpoint or samples} does not exist; pass a checkpoint.pt, or samples as an .npz "
                            "or a folder of images")  # fmt: skip
     extra: dict = {"nfe_per_image": None, "generation_seconds": None}
+    world = distributed.init(resolve_device(device)) if checkpoint is not None else distributed.SINGLE
     if checkpoint is not None:
         state = checkpoints.load_checkpoint(checkpoint)
         settings, note = resolve_sampling(state, sampler=sampler, steps=steps, cfg_scale=cfg_scale, **options)
         sampler, steps, cfg_scale, options = _split(settings)
         images, labels, data, classes, extra = generate_for_eval(state, n, steps, cfg_scale, seed,
-                                                                 resolve_device(device), data, sampler=sampler,
-                                                                 progress=progress, **options)  # fmt: skip
+                                                                 world.device(resolve_device(device)), data,
+                                                                 sampler=sampler, progress=progress, world=world,
+                                                                 **options)  # fmt: skip
         extra["sampler_note"] = note
+        if not world.main:
+            return {}
     else:
         if not data:
             raise TinyDiTError("`samples` needs `data` (fashion-mnist, shapes, cifar10 or a folder) for the reference")

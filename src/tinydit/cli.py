@@ -10,6 +10,10 @@
     tinydit report  RUN_DIR
     tinydit export  --checkpoint FILE --format onnx|pt2|web --out FILE|DIR
 
+Several processes: ``torchrun --nproc_per_node N -m tinydit -- train|sample|eval ...`` (any torchrun
+options, several machines too; the ``--`` keeps torchrun from reading ``--n`` as its ``--nnodes``), or
+``--nproc N`` on one machine, which calls torchrun for you.
+
 The train flags are made from ``TrainConfig``'s fields, their types, defaults and the comment beside
 each; their choices are the library's own constants. Library errors name parameters in backticks
 (`steps`); ``main`` prints the flag of the command in their place (--steps): one line, exit status 2.
@@ -20,13 +24,14 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import os
 import re
 import shlex
 import sys
 import warnings
 from dataclasses import MISSING, fields
 
-from tinydit import __version__, api
+from tinydit import __version__, api, distributed
 from tinydit.config import (
     COMPILE_CHOICES,
     CONDS,
@@ -125,7 +130,14 @@ def _add_train(sub) -> None:
     group.add_argument("--overwrite", action="store_true", help="start afresh even if RUN_DIR holds a run")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bar (logs still go to metrics.jsonl)")
+    _add_nproc(p)
     p.set_defaults(func=cmd_train)
+
+
+def _add_nproc(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nproc", type=int, default=None,
+                   help="run as N processes on this machine (DDP: one per GPU, or CPU processes with gloo), "
+                        "through torchrun --standalone; for several machines call torchrun yourself")
 
 
 def _add_sampler_args(p: argparse.ArgumentParser, steps: bool = True) -> None:
@@ -183,6 +195,7 @@ def _add_sample(sub) -> None:
                    help="auto: bf16 on CUDA and on CPUs with native bf16, else fp32")
     p.add_argument("--compile", default="auto", choices=list(COMPILE_CHOICES),
                    help="torch.compile the model for sampling; auto: on for CUDA only")
+    _add_nproc(p)
     p.set_defaults(func=cmd_sample)
 
 
@@ -206,6 +219,7 @@ def _add_eval(sub) -> None:
     p.add_argument("--inception", action="store_true", help="also compute standard Inception FID (downloads weights)")
     p.add_argument("--inception-weights", default=None, help="local FID Inception weights (implies --inception)")
     p.add_argument("--cache-dir", default=str(api.DEFAULT_CACHE), help="where reference features are cached")
+    _add_nproc(p)
     p.set_defaults(func=cmd_eval)
 
 
@@ -249,6 +263,8 @@ def cmd_sample(args: argparse.Namespace) -> int:
                      cfg_scale=args.cfg_scale, seed=args.seed, out=args.out, nrow=args.nrow, device=args.device,
                      precision=args.precision, compile=args.compile, ema=args.ema, progress=True,
                      unconditional=args.unconditional, **_options(args))  # fmt: skip
+    if not _main_rank():
+        return 0
     print(res.note, file=sys.stderr)
     print(f"wrote {len(res.x)} samples to {res.path} ({res.settings['sampler']}, {res.nfe:g} model evaluations per "
           f"image, {res.seconds:.1f} s)", file=sys.stderr)  # fmt: skip
@@ -261,6 +277,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
                            data_root=args.data_root, device=args.device, inception=args.inception,
                            inception_weights=args.inception_weights, cache_dir=args.cache_dir,
                            command=_command(args), progress=True, **_options(args))  # fmt: skip
+    if not _main_rank():
+        return 0
     print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, dict)}, indent=2))
     print(f"wrote {args.out}/metrics.json and {args.out}/report.md", file=sys.stderr)
     return 0
@@ -378,6 +396,33 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 _FLAGS: dict[str, str] = {}  # the running command's flags, for warnings
 
 
+def _main_rank() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0 if distributed.launched() else True
+
+
+def launch(nproc: int, argv: list[str]) -> int:
+    """``tinydit CMD --nproc N ...``: the same command as N processes, started by torchrun on this machine."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun
+
+    rest, skip = [], False
+    for a in argv:  # the command without --nproc N / --nproc=N
+        if skip or a.startswith("--nproc="):
+            skip = False
+            continue
+        skip = a == "--nproc"
+        if not skip:
+            rest.append(a)
+    try:
+        # "--": torchrun would read abbreviations of its own flags (--n for --nnodes) past the module name
+        torchrun(["--standalone", f"--nproc_per_node={nproc}", "-m", "tinydit", "--", *rest])
+    except ChildFailedError as err:  # torchrun has printed each failed rank's error above
+        print(f"tinydit {argv[0]}: error: {len(err.failures)} of {nproc} processes failed "
+              f"(first: rank {min(err.failures)}, exit status {err.get_first_failure()[1].exitcode})", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     global _FLAGS
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
@@ -385,13 +430,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = argv  # recorded in reports as the exact command
     _FLAGS = flags_of(parser, args.command)
+    nproc = getattr(args, "nproc", None)
+    if nproc is not None:
+        if nproc < 1:
+            parser.error(f"--nproc must be >= 1, got {nproc}")
+        if distributed.launched():
+            parser.error("--nproc starts processes through torchrun, and this one already is one: drop --nproc")
+        return launch(nproc, argv)
+    rank = f" (rank {os.environ['RANK']})" if distributed.launched() and os.environ["WORLD_SIZE"] != "1" else ""
     try:
         with warnings.catch_warnings():  # restores the warning hooks afterwards
             warnings.simplefilter("default")
             warnings.showwarning = _show_warning
             return args.func(args)
     except TinyDiTError as err:
-        print(f"tinydit {args.command}: error: {as_flags(str(err), _FLAGS)}", file=sys.stderr)
+        print(f"tinydit {args.command}{rank}: error: {as_flags(str(err), _FLAGS)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED

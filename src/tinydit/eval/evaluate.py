@@ -35,6 +35,7 @@ from tinydit.data.datasets import IMG_EXTS, canonical_name, decode_folder, folde
 from tinydit.data.samples import safe_name
 from tinydit.data.shapes import RENDER_VERSION, SHAPES, caption
 from tinydit.data.text import class_captions, parse_phrases, tokenizer_of
+from tinydit.distributed import SINGLE, World
 from tinydit.errors import TinyDiTError
 from tinydit.eval.adherence import flatten, prompts_for, score, shape_accuracy
 from tinydit.eval.features import FEATURE_NETS, extract, load_feature_net
@@ -305,6 +306,7 @@ def generate_for_eval(
     *,
     sampler: str = "euler",
     progress: bool = False,
+    world: World = SINGLE,
     **options,
 ) -> tuple[torch.Tensor, torch.Tensor, str, list[str], dict]:
     """n class-balanced samples from a checkpoint: images, labels, data set, classes, sampler info.
@@ -328,19 +330,20 @@ def generate_for_eval(
         raise TinyDiTError(f"{where} was trained on {trained_on}, not {data}; drop `data`")
     eval_spec(trained_on)
     x, labels, info = sample_for_eval(model, state, n, steps, cfg_scale, seed, sampler=sampler, progress=progress,
-                                      **options)  # fmt: skip
+                                      world=world, **options)  # fmt: skip
     return x, labels, trained_on, state["data"]["classes"], {**info, "sampler": {**settings, "seed": seed}}
 
 
 def sample_for_eval(model, state: dict, n: int, steps: int, cfg_scale: float, seed: int, *, sampler: str = "euler",
-                    progress: bool = False, **options) -> tuple[torch.Tensor, torch.Tensor, dict]:  # fmt: skip
+                    progress: bool = False, world: World = SINGLE,
+                    **options) -> tuple[torch.Tensor, torch.Tensor, dict]:  # fmt: skip
     """n class-balanced samples of ``model`` (``state``: its checkpoint dict, or one with the same
     ``data``, ``tokenizer`` and ``train_config``): images, labels and info (model evaluations per image,
     seconds; for a shapes text model the prompt-adherence scores, ``adherence_*``)."""
     y, labels, attrs = eval_conditions(state, n)
     started = time.perf_counter()
     res = generate(model, y, steps=steps, cfg_scale=cfg_scale, seed=seed, sampler=sampler, progress=progress,
-                   **options)  # fmt: skip
+                   world=world, **options)  # fmt: skip
     info = {"nfe_per_image": res.nfe, "generation_seconds": time.perf_counter() - started}
     if attrs is not None:
         holdout = parse_phrases(state["train_config"].get("holdout") or "")

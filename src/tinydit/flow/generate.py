@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from tinydit.config import check_sampler_args
+from tinydit.distributed import SINGLE, World
 from tinydit.errors import TinyDiTError
 from tinydit.flow.grids import DEFAULT_SHIFT
 from tinydit.flow.samplers import _UNCHECKED, DEFAULT_ETA, DEFAULT_TOL, SampleResult
@@ -31,6 +32,7 @@ def generate(
     *,
     sampler: str = "euler",
     progress: bool = False,
+    world: World = SINGLE,
     **options,
 ) -> SampleResult:
     """Samples for labels y (N,) or caption ids (N, L), in batches, with the sampler called ``sampler``
@@ -41,6 +43,10 @@ def generate(
     images on the same device. The ancestral sampler draws its fresh noise from the same generator,
     batch after batch, so its images depend on the batch size too. ``nfe`` is per image; dopri5 may take
     a different number in each batch, and then it is the average over all images.
+
+    ``world`` (``tinydit.distributed``, under torchrun): every rank samples its contiguous share of the N
+    images from the same up-front noise and all of them get all N back, so a fixed-step sampler's images
+    are those of one process (the ancestral sampler's fresh noise is drawn per rank, so its are not).
     """
     check_sampler_args(steps, cfg_scale, sampler, **options)  # once, for every batch below
     if len(y) < 1:
@@ -50,12 +56,18 @@ def generate(
     cfg = model.config
     device = next(model.parameters()).device
     gen = torch.Generator().manual_seed(seed)
-    noise = torch.randn(len(y), cfg.in_channels, cfg.img_size, cfg.img_size, generator=gen)  # on the CPU
+    n = len(y)
+    noise = torch.randn(n, cfg.in_channels, cfg.img_size, cfg.img_size, generator=gen)  # on the CPU
+    mine = world.share(n)  # all N in one process
+    noise, y = noise[mine], y[mine]
+    if world.size > 1 and sampler == "ancestral":  # its own fresh-noise stream per rank
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + world.rank + 1)
     extra = {"generator": gen} if sampler == "ancestral" else {}  # its fresh noise: the same stream, on
     options = {k: v for k, v in options.items() if v is not None}  # None: the sampler's default
     run = _UNCHECKED[sampler]
     out, evals = [], 0
-    bar = Progress(len(y), "sample", unit="image", enabled=progress)  # a bar on a terminal, else a line now and then
+    # a bar on a terminal, else a line now and then; under torchrun rank 0's share stands for all
+    bar = Progress(len(y), "sample", unit="image", enabled=progress and world.main)
     for i in range(0, len(y), batch_size):
         x1, yb = noise[i : i + batch_size].to(device), y[i : i + batch_size].to(device)
         res = run(model, x1, yb, steps, cfg_scale, **options, **extra)
@@ -63,8 +75,11 @@ def generate(
         evals += res.nfe * len(yb)
         bar.update(len(yb))
     bar.close()
-    nfe = evals // len(y) if evals % len(y) == 0 else evals / len(y)
-    return SampleResult(torch.cat(out), nfe)
+    x = torch.cat(out) if out else noise[:0]
+    if world.size > 1:
+        x, evals = world.gather(x, n), int(world.sum(torch.tensor(evals)).item())
+    nfe = evals // n if evals % n == 0 else evals / n
+    return SampleResult(x, nfe)
 
 
 def sampler_settings(name: str, steps: int, cfg_scale: float, **options) -> dict:

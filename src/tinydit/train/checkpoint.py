@@ -106,23 +106,27 @@ def restore(state: dict, path: Path, kind: str, config, classes: list[str], mode
 
 
 class GracefulInterrupt:
-    """The first Ctrl-C asks the loop to stop at the next step boundary (so the checkpoint holds a
-    whole step); a second one interrupts at once, leaving the last checkpoint as it was."""
+    """The first Ctrl-C (SIGINT) or SIGTERM (a scheduler's preemption, torchrun passing on a stop) asks
+    the loop to stop at the next step boundary, so the checkpoint holds a whole step; a second one
+    interrupts at once, leaving the last checkpoint as it was."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __enter__(self) -> GracefulInterrupt:
         self.requested = False
-        self._previous = None
+        self._previous: dict = {}
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
         return self
 
     def _handle(self, signum, frame) -> None:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        print("\nstopping after this step to save a checkpoint (Ctrl-C again to abort without saving)",
+        what = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        print(f"\n{what}: stopping after this step to save a checkpoint (Ctrl-C again to abort without saving)",
               file=sys.stderr)
 
     def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for sig, previous in self._previous.items():
+            signal.signal(sig, signal.SIG_DFL if previous is None else previous)  # None: set outside Python

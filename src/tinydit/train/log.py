@@ -26,13 +26,16 @@ __all__ = ["RunLog"]
 
 class RunLog:
     """The run's log: ``record`` appends to metrics.jsonl (and TensorBoard); ``window`` logs the training
-    steps since the last window; ``bar`` is the progress of ``fit`` (off with ``progress=False``)."""
+    steps since the last window; ``bar`` is the progress of ``fit`` (off with ``progress=False``).
+    ``quiet``: a log that writes and prints nothing (the ranks other than 0 of a distributed run)."""
 
-    def __init__(self, out: Path, progress: bool = True, tensorboard: bool = False):
-        self.path, self.progress, self.bar = out / "metrics.jsonl", progress, None
-        self.board = _summary_writer(out / "tensorboard") if tensorboard else None
+    def __init__(self, out: Path, progress: bool = True, tensorboard: bool = False, quiet: bool = False):
+        self.path, self.progress, self.bar, self.quiet = out / "metrics.jsonl", progress and not quiet, None, quiet
+        self.board = _summary_writer(out / "tensorboard") if tensorboard and not quiet else None
 
     def record(self, record: dict) -> None:
+        if self.quiet:
+            return
         append_line(self.path, json.dumps(record))
         if self.board is not None:
             for tag, value in _scalars(record):
@@ -63,9 +66,9 @@ class RunLog:
                      "loss_by_t": [round(v, 5) if math.isfinite(v) else None for v in by_t.tolist()]})  # fmt: skip
         self.bar.set(loss=f"{loss:.4f}", **{"img/s": f"{img_s:.0f}"}, **({"left": left} if left is not None else {}))
 
-    @staticmethod
-    def say(message: str) -> None:
-        print(message, file=sys.stderr)
+    def say(self, message: str) -> None:
+        if not self.quiet:
+            print(message, file=sys.stderr)
 
     def announce(self, step: int, out: Path, cfg, data, params: int, device) -> None:
         if step:

@@ -6,6 +6,11 @@ Exact resumption: every random draw of step s comes from a generator seeded with
 step; on a CPU in fp32 a run stopped and resumed ends with exactly the weights of an uninterrupted one.
 A continuation also keeps the token-linear kernel (``tinydit.models.linear``) and the AdamW variant its
 checkpoint was written with: the alternatives round differently.
+
+Several processes (``torchrun``, ``tinydit.distributed``): the model is wrapped in DDP; every rank draws a
+step's numbers for the whole global batch and trains on its share, so the run sees the data a 1-rank run
+sees and may be continued on any number of ranks. Rank 0 alone writes; all ranks agree after every step
+whether to stop (the time budget, Ctrl-C or SIGTERM on any of them), so they stop at the same step.
 """
 
 from __future__ import annotations
@@ -17,8 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 
+from tinydit import distributed
 from tinydit.config import TrainConfig, recommended_sampling
 from tinydit.errors import TinyDiTError
 from tinydit.eval.evaluate import default_best_metric, lower_is_better, score_model
@@ -76,6 +83,7 @@ class Trainer:
         self.ckpt_path = self.out / "checkpoint.pt"
         # Held from before the checkpoint is read until fit() ends: one trainer per run directory.
         self.lock = RunDirLock(self.out)
+        self.world = distributed.init(resolve_device(cfg.device))
         try:
             self._setup(overwrite, require_resume, dataset, val_dataset)
         except BaseException:
@@ -84,10 +92,11 @@ class Trainer:
 
     def _setup(self, overwrite: bool, require_resume: bool, dataset: Dataset | None, val_dataset: Dataset | None):
         cfg = self.cfg
-        self.device = resolve_device(cfg.device)
+        self.device = self.world.device(resolve_device(cfg.device))
+        main = self.world.main  # only rank 0 locks, writes and prints
         self.precision = resolve_precision(cfg.precision, self.device)
         self.compiled = resolve_compile(cfg.compile, self.device)
-        if self.out.is_dir():
+        if self.out.is_dir() and main:
             self.lock.acquire()
         self.teacher_state = None  # distillation: the student copies the teacher's preset and architecture
         if cfg.few_step == "distill":
@@ -99,10 +108,12 @@ class Trainer:
             check_same_run(cfg, state, self.out, canonical_data(cfg, dataset))
         elif require_resume:
             raise TinyDiTError(f"`resume` given, but {self.ckpt_path} does not exist; drop `resume` to start a run")
-        self.data = prepare_data(cfg, state, dataset, val_dataset)
-        ensure_writable_dir(self.out)  # only now: nothing is created for a run whose inputs are wrong
-        self.lock.acquire()
-        self.log = RunLog(self.out, self.progress, cfg.tensorboard)
+        with self.world.main_first():  # rank 0 downloads, decodes and caches; the others then read its files
+            self.data = prepare_data(cfg, state, dataset, val_dataset)
+        if main:
+            ensure_writable_dir(self.out)  # only now: nothing is created for a run whose inputs are wrong
+            self.lock.acquire()
+        self.log = RunLog(self.out, self.progress, cfg.tensorboard, quiet=not main)
         self.text = cfg.cond == "text"
         self.best = state.get("best") if state is not None else None  # {metric, value, step} of best.pt
         # The sampler settings the checkpoint records for sampling it: a continued run keeps its record
@@ -130,26 +141,36 @@ class Trainer:
         self.bin_loss = torch.zeros(N_T_BINS, device=self.device)  # training loss summed per bin of t
         self.bin_count = torch.zeros(N_T_BINS, device=self.device)
         # The compiled wrappers share the weights of model and ema; checkpoints come from the originals.
-        self.forward = maybe_compile(self.model, self.compiled)
+        # DDP averages the ranks' gradients in backward; the EMA (updated alike on every rank) needs none.
+        self.ddp = None
+        if self.world.active:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.ddp = DistributedDataParallel(self.model, device_ids=ids)
+        self.forward = maybe_compile(self.ddp or self.model, self.compiled)
         self.ema_forward = maybe_compile(self.ema, self.compiled)
         self.step, self.train_seconds = 0, 0.0
         if state is not None:
             self.step, self.train_seconds = restore(state, self.ckpt_path, cfg.model, self.model_config,
                                                     self.train_set.classes, self.model, self.ema, self.opt,
                                                     self.scaler)  # fmt: skip
-        elif overwrite:
+        elif overwrite and main:
             (self.out / "metrics.jsonl").unlink(missing_ok=True)
         self.paths = self.val_paths = None  # distillation: the teacher's paths (tinydit.train.teacher)
         if self.teacher_state is not None:
-            self.paths, self.val_paths = run_paths(cfg, self.teacher_state, self.out / "teacher_paths.pt",
-                                                   self.device, self.precision, self.progress)  # fmt: skip
+            with self.world.main_first():  # rank 0 samples the teacher's paths; the others read its file
+                self.paths, self.val_paths = run_paths(cfg, self.teacher_state, self.out / "teacher_paths.pt",
+                                                       self.device, self.precision, self.progress and main)
             self.log.record({"step": self.step, "teacher_paths": len(self.paths), "teacher_nfe": self.paths.nfe,
                              "teacher_seconds": round(self.paths.seconds, 1)})  # fmt: skip
         self.n_train = len(self.paths) if self.paths is not None else len(self.train_set)
         self.batch_size = min(cfg.batch_size, self.n_train)
+        if self.batch_size % self.world.size:
+            raise TinyDiTError(f"`batch_size` {self.batch_size} (the global batch) does not split evenly over "
+                               f"{self.world.size} processes; use a multiple of {self.world.size}")  # fmt: skip
         self.steps_per_epoch = self.n_train // self.batch_size
         self._perm_epoch, self._perm = -1, torch.empty(0, dtype=torch.long)
-        self._write_config()
+        if main:
+            self._write_config()
 
     # The data's pieces under the names the rest of the package (and older scripts) read.
     train_set = property(lambda self: self.data.train_set)
@@ -216,14 +237,22 @@ class Trainer:
         return self._perm[i * self.batch_size : (i + 1) * self.batch_size]
 
     def train_step(self) -> torch.Tensor:
-        """One optimizer step; returns the (detached) loss without synchronising the device."""
-        cfg, dev = self.cfg, self.device
+        """One optimizer step; returns the (detached) loss of this rank's share without synchronising the device.
+
+        Every draw is made for the whole global batch, then each rank keeps its share (``World.share``).
+        """
+        cfg, dev, world = self.cfg, self.device, self.world
         g = optim.step_generator(cfg.seed, self.step)
         idx = self.batch_indices(self.step)
+        mine = world.share(len(idx))
+        # The few-step objectives draw more inside their losses, per image: under several ranks each draws
+        # from its own seeded stream, so those runs resume exactly on the same number of ranks only.
+        g_loss = g if world.size == 1 else optim.step_generator(cfg.seed, self.step, 104_729, world.rank)
         if self.paths is not None:  # distillation: no guidance dropout, guidance is in the teacher's paths
-            states = self.paths.states[idx].to(dev, non_blocking=True)  # (N, KNOTS + 1, C, H, W) float16
+            idx = idx[mine]
+            states = self.paths.states[idx].to(dev, non_blocking=True)  # (n, KNOTS + 1, C, H, W) float16
             with autocast(dev, self.precision):
-                loss = distill.distill_loss(self.forward, states, self.paths.y[idx].to(dev), generator=g)
+                loss = distill.distill_loss(self.forward, states, self.paths.y[idx].to(dev), generator=g_loss)
             return self._optimizer_step(loss)
         x, y = self.data.batch(True, idx, generator=g, device=dev)  # (N, C, H, W), (N,) or (N, L)
         n = x.shape[0]
@@ -232,13 +261,15 @@ class Trainer:
         drop = (torch.rand(n, generator=g) < cfg.class_dropout).to(dev)  # (N,) guidance dropout
         drop = drop.view(-1, *[1] * (y.dim() - 1))  # (N,) or (N, 1)
         y = torch.where(drop, null_condition(unwrap(self.model), y), y)
+        x, y, t, noise = x[mine], y[mine], t[mine], noise[mine]  # this rank's share: (n, ...), n = N / ranks
+        n = x.shape[0]
         n_fm = n  # images trained by plain flow matching at their time t
         with autocast(dev, self.precision):
             if cfg.few_step == "shortcut":
-                per_sample = shortcut_loss(self.forward, x, y, t, noise, generator=g, reduce=False)  # (N,)
+                per_sample = shortcut_loss(self.forward, x, y, t, noise, generator=g_loss, reduce=False)  # (n,)
                 n_fm = n - n_self_consistency(n)  # the rest are self-consistency examples
             else:
-                per_sample = flow_loss(self.forward, x, y, t, noise, reduce=False)  # (N,)
+                per_sample = flow_loss(self.forward, x, y, t, noise, reduce=False)  # (n,)
         bins = t_bins(t[:n_fm])  # summed on the device, read at logging time: no sync per step
         self.bin_loss.index_add_(0, bins, per_sample[:n_fm].detach().float())
         self.bin_count.index_add_(0, bins, torch.ones_like(t[:n_fm]))
@@ -359,47 +390,60 @@ class Trainer:
         window_start, window_step = time.perf_counter(), self.step
         val = val_ema = samples = None
         by_t: list[float] = []
+        world, main = self.world, self.world.main
         with GracefulInterrupt() as interrupt:
-            while not self._done(started) and not interrupt.requested:
+            done = stop = False
+            while not stop:
                 loss_sum += self.train_step()
                 loss_n += 1
                 log.bar.update(1)
                 s = self.step
-                if s % cfg.log_every == 0 or self._done(started):
+                # One decision for all ranks: their clocks and signals differ, their steps must not.
+                # Rank 0's clock is the run's: it alone spends time on validation, grids and evaluation.
+                done = self._done(started) if main else self.cfg.steps is not None and s >= self.cfg.steps
+                done, interrupt.requested = world.any(done, interrupt.requested)
+                stop = done or interrupt.requested
+                if s % cfg.log_every == 0 or stop:
                     now, seconds = time.perf_counter(), self._seconds(started)
                     img_s = (s - window_step) * self.batch_size / max(now - window_start, 1e-9)
                     left = cfg.minutes * 60 - seconds if cfg.minutes is not None else None
-                    log.window(s, (loss_sum / loss_n).item(), img_s, self.lr_at(s - 1), seconds,
-                               self.bin_loss / self.bin_count, left)  # fmt: skip
+                    loss = world.sum(loss_sum / loss_n) / world.size  # the global batch's mean loss
+                    by_t = world.sum(self.bin_loss) / world.sum(self.bin_count)
+                    log.window(s, loss.item(), img_s, self.lr_at(s - 1), seconds, by_t, left)
                     self.bin_loss.zero_(), self.bin_count.zero_(), loss_sum.zero_()
                     loss_n, window_start, window_step = 0, now, s
-                if s % cfg.val_every == 0:
+                if s % cfg.val_every == 0 and main:
                     val, val_ema, by_t = self._validate()
-                if s % cfg.sample_every == 0:
+                if s % cfg.sample_every == 0 and main:
                     samples = self.sample_grid()
-                if cfg.eval_every and s % cfg.eval_every == 0:
+                if cfg.eval_every and s % cfg.eval_every == 0 and main:
                     t0 = time.perf_counter()
                     started = self._evaluate(started)
                     window_start += time.perf_counter() - t0  # images per second count training time only
                 if s % cfg.ckpt_every == 0:
                     self.train_seconds, started = self._seconds(started), time.perf_counter()
-                    self.save()
+                    if main:
+                        self.save()
         log.close()
         self.train_seconds = self._seconds(started)
-        if interrupt.requested:
-            self.save()
-            log.say(f"interrupted at step {self.step}; checkpoint saved to {self.ckpt_path}. "
-                    "Re-run the same command to continue.")  # fmt: skip
+        if interrupt.requested and not done:  # asked to stop, on this rank or another: all stop here
+            if main:
+                self.save()
+                log.say(f"interrupted at step {self.step}; checkpoint saved to {self.ckpt_path}. "
+                        "Re-run the same command to continue.")  # fmt: skip
+            world.barrier()  # the checkpoint is whole before any rank exits
             raise KeyboardInterrupt
-        if self.step % cfg.val_every:
-            val, val_ema, by_t = self._validate()
-        if self.step % cfg.sample_every:
-            samples = self.sample_grid()
-        if cfg.eval_every and self.step % cfg.eval_every:
-            self._evaluate(time.perf_counter())
-        self.save()
-        if cfg.report:
-            write_run_report(self.out)
-        log.report(self.step, self.train_seconds / 60, val, val_ema, by_t, self.ckpt_path, samples,
-                   self.paths is not None)  # fmt: skip
+        if main:
+            if self.step % cfg.val_every:
+                val, val_ema, by_t = self._validate()
+            if self.step % cfg.sample_every:
+                samples = self.sample_grid()
+            if cfg.eval_every and self.step % cfg.eval_every:
+                self._evaluate(time.perf_counter())
+            self.save()
+            if cfg.report:
+                write_run_report(self.out)
+            log.report(self.step, self.train_seconds / 60, val, val_ema, by_t, self.ckpt_path, samples,
+                       self.paths is not None)  # fmt: skip
+        world.barrier()  # every rank returns once the run's files are written
         return TrainResult(self.step, self.train_seconds, val, val_ema, self.ckpt_path, samples)

@@ -1,0 +1,240 @@
+"""Several processes, one run (torchrun, gloo on the CPU): the same data and weights as one process,
+exact continuation across stops and across process counts, one stop for all ranks, no hang when a rank
+dies, and sampling split over ranks.
+
+Every run here is the CLI under ``torchrun`` (or ``--nproc``), as a user starts it. One process per
+rank with one thread each (torchrun's default), fp32, and the token-linear kernel pinned so that the
+reference runs and the stopped ones cannot pick different kernels by timing.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tinydit.distributed import World
+from tinydit.models.checkpoint import load_checkpoint
+from tinydit.models.registry import build_model, config_from_dict
+
+FLAGS = ["--data", "shapes", "--preset", "dit-0.2m", "--batch-size", "16", "--limit", "256", "--val-size", "32",
+         "--log-every", "2", "--val-every", "1000", "--sample-every", "1000", "--ckpt-every", "1000",
+         "--warmup", "2", "--precision", "fp32", "--no-report", "--no-progress"]  # fmt: skip
+ENV = {**os.environ, "TINYDIT_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "TINYDIT_LINEAR_KERNEL": "blas",
+       "OMP_NUM_THREADS": "1"}  # fmt: skip
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+# 2 ranks against 1: each rank averages its 8 images' losses and DDP averages the 2 gradients, where one
+# process averages 16 at once; the sums round differently (about 1e-7 relative per step), and Adam's
+# division by the root of its second moment carries that into the weights. After 12 steps the largest
+# difference measured was about 2e-6 (2026-12-01, the 2-core EPYC); 1e-4 leaves room for other CPUs
+# while a wrong share (another image, time or noise on a rank) moves weights by 1e-3 or more.
+ATOL = 1e-4
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun(nproc: int, *args, extra=()) -> list[str]:
+    return [*TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", *extra, "-m", "tinydit", "--", *map(str, args)]
+
+
+def _run(cmd: list[str], timeout: float = 240) -> str:
+    proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stderr
+
+
+def _train(out: Path, steps: int, nproc: int, *extra) -> str:
+    args = ("train", *FLAGS, "--steps", steps, "--out", out, *extra)
+    if nproc == 0:  # a plain process, no torchrun
+        return _run([sys.executable, "-m", "tinydit", *map(str, args)])
+    return _run(_torchrun(nproc, *args))
+
+
+def _state(run: Path) -> dict:
+    return load_checkpoint(run / "checkpoint.pt")
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+def _equal(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The reference runs every test below compares with: 12 steps in one process and on 2 ranks."""
+    root = tmp_path_factory.mktemp("ddp")
+    _train(root / "one", 12, 0)
+    log = _train(root / "two", 12, 2)
+    return root, log
+
+
+@pytest.mark.parametrize("n", [0, 1, 5, 16, 17])
+@pytest.mark.parametrize("size", [1, 2, 3, 8])
+def test_shares_cover_every_item_once_in_order(n, size):
+    shares = [World(rank, size).share(n) for rank in range(size)]
+    assert [i for s in shares for i in range(n)[s]] == list(range(n))
+    assert max(s.stop - s.start for s in shares) - min(s.stop - s.start for s in shares) <= 1
+
+
+def test_two_ranks_train_the_weights_of_one_process(runs):
+    root, log = runs
+    one, two = _state(root / "one"), _state(root / "two")
+    assert one["step"] == two["step"] == 12
+    diff = _max_diff(one["model"], two["model"])
+    assert diff < ATOL, diff
+    # and the weights moved: the comparison is not of two untrained models
+    torch.manual_seed(0)  # the run's seed: its initial weights
+    init = build_model("dit", config_from_dict("dit", one["model_config"])).state_dict()
+    assert _max_diff(init, one["model"]) > 100 * ATOL
+    # rank 0 alone wrote and printed: one line per run, one metrics file with the global loss
+    assert log.count("training dit-0.2m") == 1
+    lines = [ln for ln in (root / "two" / "metrics.jsonl").read_text().splitlines() if '"loss"' in ln]
+    assert len(lines) == 6  # log every 2 steps, written once
+
+
+def test_a_stopped_two_rank_run_continues_bit_exactly(runs, tmp_path):
+    root, _ = runs
+    _train(tmp_path / "run", 5, 2)  # stopped at step 5 ...
+    _train(tmp_path / "run", 12, 2)  # ... and continued with the same command and more steps
+    assert _equal(_state(tmp_path / "run")["model"], _state(root / "two")["model"])
+    assert _equal(_state(tmp_path / "run")["ema"], _state(root / "two")["ema"])
+
+
+def test_a_run_continues_on_another_number_of_ranks(runs, tmp_path):
+    root, _ = runs
+    _train(tmp_path / "run", 6, 0)  # one process for 6 steps, then 2 ranks to the end
+    _train(tmp_path / "run", 12, 2)
+    assert _max_diff(_state(tmp_path / "run")["model"], _state(root / "one")["model"]) < ATOL
+
+
+def test_sigterm_on_one_rank_stops_both_at_one_step_with_a_checkpoint(runs, tmp_path):
+    """The stop reaches every rank at the same step; the checkpoint then continues bit-exactly."""
+    root, _ = runs
+    out = tmp_path / "run"
+    proc = subprocess.Popen(_torchrun(2, "train", *FLAGS, "--steps", 100000, "--out", out), env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        metrics = out / "metrics.jsonl"
+        deadline = time.time() + 120
+        while (not metrics.exists() or metrics.read_text().count('"loss"') < 2) and time.time() < deadline:
+            time.sleep(0.05)
+        workers = _workers(proc.pid)
+        assert len(workers) == 2, workers
+        os.kill(workers[-1], signal.SIGTERM)  # one rank only: as a scheduler preempting one node would
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0
+    assert "SIGTERM: stopping after this step" in output
+    assert "interrupted at step" in output
+    step = int(_state(out)["step"])
+    assert 4 <= step < 100000
+    # The checkpoint holds a whole step of both ranks: continuing to 12 steps from it (if it stopped
+    # before) ends where the uninterrupted run ends, and otherwise it is a run of `step` steps.
+    if step <= 12:
+        _train(out, 12, 2)
+        assert _equal(_state(out)["model"], _state(root / "two")["model"])
+
+
+def _workers(parent: int) -> list[int]:
+    """The pids of torchrun's worker processes (its children that run tinydit), in rank order."""
+    found = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            stat = (p / "stat").read_text()
+            cmd = (p / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and b"tinydit" in cmd:
+            env = (p / "environ").read_bytes().split(b"\0")
+            rank = next(int(e[5:]) for e in env if e.startswith(b"RANK="))
+            found.append((rank, int(p.name)))
+    return [pid for _, pid in sorted(found)]
+
+
+def test_a_killed_rank_ends_the_others_within_seconds(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen(_torchrun(2, "train", *FLAGS, "--steps", 100000, "--out", out, "--ckpt-every", 5),
+                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        deadline = time.time() + 120
+        while not (out / "checkpoint.pt").exists() and time.time() < deadline:
+            time.sleep(0.05)
+        workers = _workers(proc.pid)
+        assert len(workers) == 2, workers
+        killed = time.time()
+        os.kill(workers[1], signal.SIGKILL)  # rank 1 dies without a word
+        output, _ = proc.communicate(timeout=60)
+        took = time.time() - killed
+    finally:
+        proc.kill()
+    assert proc.returncode != 0
+    assert took < 15, took
+    assert not any(Path(f"/proc/{pid}").exists() and _alive(pid) for pid in workers)
+    assert "Signal 9" in output or "SIGKILL" in output  # torchrun names the rank that died and how
+    assert _state(out)["step"] >= 5  # the last checkpoint is whole
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_two_local_nodes_rendezvous_over_c10d(runs, tmp_path):
+    """The multi-node command of docs/distributed.md, with two "nodes" of one process each on localhost."""
+    root, _ = runs
+    port = _port()
+    args = ["-m", "tinydit", "--", "train", *FLAGS, "--steps", "12", "--out", str(tmp_path / "run")]
+    nodes = [subprocess.Popen([*TORCHRUN, "--nnodes=2", "--nproc_per_node=1", "--rdzv-backend=c10d",
+                               f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=test", *args],
+                              env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for _ in range(2)]  # fmt: skip
+    outputs = [node.communicate(timeout=240)[0] for node in nodes]
+    assert all(node.returncode == 0 for node in nodes), outputs
+    assert _max_diff(_state(tmp_path / "run")["model"], _state(root / "one")["model"]) < ATOL
+
+
+def test_nproc_starts_torchrun_and_refuses_an_uneven_batch(runs, tmp_path):
+    root, _ = runs
+    cmd = [sys.executable, "-m", "tinydit", "train", *FLAGS, "--out", str(tmp_path / "run"), "--nproc", "2"]
+    _run([*cmd, "--steps", "12"])
+    assert _equal(_state(tmp_path / "run")["model"], _state(root / "two")["model"])
+    proc = subprocess.run([*cmd, "--steps", "2", "--batch-size", "15", "--overwrite"], env=ENV, capture_output=True,
+                          text=True, timeout=240)  # fmt: skip
+    assert proc.returncode != 0
+    assert "--batch-size 15 (the global batch) does not split evenly over 2 processes" in proc.stderr
+
+
+@pytest.mark.parametrize("sampler", ["euler", "heun"])
+def test_sampling_split_over_ranks_gives_the_images_of_one_process(runs, tmp_path, sampler):
+    root, _ = runs
+    args = ["sample", "--checkpoint", root / "one" / "checkpoint.pt", "--n", 13, "--steps", 3, "--sampler", sampler,
+            "--precision", "fp32"]  # fmt: skip
+    _run([sys.executable, "-m", "tinydit", *map(str, args), "--out", str(tmp_path / "one.npz")])
+    log = _run(_torchrun(2, *args, "--out", tmp_path / "two.npz"))
+    one, two = np.load(tmp_path / "one.npz"), np.load(tmp_path / "two.npz")
+    assert two["images"].shape[0] == 13
+    np.testing.assert_array_equal(one["labels"], two["labels"])
+    # 7 and 6 images per forward pass instead of 13: the same arithmetic per image up to float rounding,
+    # which can move a pixel that lies on a rounding boundary of the uint8 file by one level
+    diff = np.abs(one["images"].astype(np.int16) - two["images"].astype(np.int16))
+    assert diff.max() <= 1 and (diff == 0).mean() > 0.999, (diff.max(), (diff == 0).mean())
+    assert log.count("wrote 13 samples") == 1  # rank 0 alone writes and prints
