@@ -7,6 +7,7 @@ rank with one thread each (torchrun's default), fp32, and the token-linear kerne
 reference runs and the stopped ones cannot pick different kernels by timing.
 """
 
+import json
 import os
 import signal
 import socket
@@ -106,10 +107,11 @@ def test_two_ranks_train_the_weights_of_one_process(runs):
     assert len(lines) == 6  # log every 2 steps, written once
 
 
-def test_a_stopped_two_rank_run_continues_bit_exactly(runs, tmp_path):
+def test_a_stopped_two_rank_run_continues_bit_exactly_also_through_nproc(runs, tmp_path):
     root, _ = runs
-    _train(tmp_path / "run", 5, 2)  # stopped at step 5 ...
-    _train(tmp_path / "run", 12, 2)  # ... and continued with the same command and more steps
+    _train(tmp_path / "run", 5, 2)  # stopped at step 5 (torchrun) ...
+    cmd = [sys.executable, "-m", "tinydit", "train", *FLAGS, "--out", str(tmp_path / "run"), "--nproc", "2"]
+    _run([*cmd, "--steps", "12"])  # ... and continued by the same command with more steps, through --nproc
     assert _equal(_state(tmp_path / "run")["model"], _state(root / "two")["model"])
     assert _equal(_state(tmp_path / "run")["ema"], _state(root / "two")["ema"])
 
@@ -212,21 +214,18 @@ def test_two_local_nodes_rendezvous_over_c10d(runs, tmp_path):
     assert _max_diff(_state(tmp_path / "run")["model"], _state(root / "one")["model"]) < ATOL
 
 
-def test_nproc_starts_torchrun_and_refuses_an_uneven_batch(runs, tmp_path):
-    root, _ = runs
-    cmd = [sys.executable, "-m", "tinydit", "train", *FLAGS, "--out", str(tmp_path / "run"), "--nproc", "2"]
-    _run([*cmd, "--steps", "12"])
-    assert _equal(_state(tmp_path / "run")["model"], _state(root / "two")["model"])
-    proc = subprocess.run([*cmd, "--steps", "2", "--batch-size", "15", "--overwrite"], env=ENV, capture_output=True,
-                          text=True, timeout=240)  # fmt: skip
+def test_an_uneven_global_batch_is_refused_naming_the_flag(tmp_path):
+    cmd = [sys.executable, "-m", "tinydit", "train", *FLAGS, "--out", str(tmp_path / "run"), "--nproc", "2",
+           "--steps", "2", "--batch-size", "15"]  # fmt: skip
+    proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=240)
     assert proc.returncode != 0
     assert "--batch-size 15 (the global batch) does not split evenly over 2 processes" in proc.stderr
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()
 
 
-@pytest.mark.parametrize("sampler", ["euler", "heun"])
-def test_sampling_split_over_ranks_gives_the_images_of_one_process(runs, tmp_path, sampler):
+def test_sampling_split_over_ranks_gives_the_images_of_one_process(runs, tmp_path):
     root, _ = runs
-    args = ["sample", "--checkpoint", root / "one" / "checkpoint.pt", "--n", 13, "--steps", 3, "--sampler", sampler,
+    args = ["sample", "--checkpoint", root / "one" / "checkpoint.pt", "--n", 13, "--steps", 3, "--sampler", "heun",
             "--precision", "fp32"]  # fmt: skip
     _run([sys.executable, "-m", "tinydit", *map(str, args), "--out", str(tmp_path / "one.npz")])
     log = _run(_torchrun(2, *args, "--out", tmp_path / "two.npz"))
@@ -238,3 +237,15 @@ def test_sampling_split_over_ranks_gives_the_images_of_one_process(runs, tmp_pat
     diff = np.abs(one["images"].astype(np.int16) - two["images"].astype(np.int16))
     assert diff.max() <= 1 and (diff == 0).mean() > 0.999, (diff.max(), (diff == 0).mean())
     assert log.count("wrote 13 samples") == 1  # rank 0 alone writes and prints
+
+
+def test_evaluation_split_over_ranks_scores_what_one_process_scores(runs, tmp_path):
+    root, _ = runs
+    args = ["eval", "--checkpoint", root / "one" / "checkpoint.pt", "--n", 24, "--steps", 2, "--sampler", "euler",
+            "--cache-dir", tmp_path / "cache"]  # fmt: skip
+    _run([sys.executable, "-m", "tinydit", *map(str, args), "--out", str(tmp_path / "one")])
+    log = _run(_torchrun(2, *args, "--out", tmp_path / "two"))
+    one, two = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("one", "two"))
+    for key in ("fid_shapes_cnn", "shape_accuracy", "class_consistency"):
+        assert abs(one[key] - two[key]) < 1e-3, (key, one[key], two[key])
+    assert log.count("wrote ") == 1  # rank 0 alone scores and writes

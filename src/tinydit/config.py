@@ -34,6 +34,10 @@ COMPILE_CHOICES = COMPILE
 FEW_STEP = ("none", "shortcut", "distill")  # see TrainConfig.few_step
 EVAL_BUDGETS = ("outside", "inside")  # see TrainConfig.eval_budget
 T_SAMPLINGS = ("uniform", "logit-normal")  # how training times are drawn (tinydit.flow.path.sample_t)
+# A time-budget run plans its step count once this share of its budget has passed (the rate is steady by
+# then); its cool-down must start after that.
+PLAN_AT = 0.1
+MAX_COOLDOWN_FRAC = 0.8
 KNOTS = 8  # distillation: the teacher's path is kept at t = 0, 1/8, ..., 1 (tinydit.flow.distill)
 
 # The architecture switches of DiTConfig (tinydit.models.dit) and the values each takes.
@@ -181,10 +185,10 @@ def recommended_sampling(data: str, preset: str, cond: str, few_step: str = "non
 # Fields that change what a run computes. A run directory can only be continued with the same values;
 # everything else (steps, minutes, logging intervals, device) may change between invocations.
 TRAJECTORY_FIELDS = (
-    "data", "classes", "preset", "batch_size", "lr", "warmup", "weight_decay", "grad_clip", "ema_decay",
-    "class_dropout", "seed", "limit", "t_sampling", "t_shift", "norm", "qk_norm", "mlp", "pos", "pred", "few_step",
-    "model", "cond", "holdout", "teacher", "teacher_sampler", "teacher_steps", "teacher_cfg", "teacher_cfg_interval",
-    "distill_paths",
+    "data", "classes", "preset", "batch_size", "lr", "warmup", "cooldown_frac", "weight_decay", "grad_clip",
+    "ema_decay", "class_dropout", "seed", "limit", "t_sampling", "t_shift", "norm", "qk_norm", "mlp", "pos", "pred",
+    "few_step", "model", "cond", "holdout", "teacher", "teacher_sampler", "teacher_steps", "teacher_cfg",
+    "teacher_cfg_interval", "distill_paths",
 )  # fmt: skip
 
 
@@ -214,6 +218,10 @@ class TrainConfig:
     # Linear decay of the learning rate to 0 over the last ``cooldown`` steps of a `steps` run
     # (warmup-stable-decay). A run can be continued with other `steps`/`cooldown` until its decay starts.
     cooldown: int = 0
+    # `minutes` runs: the learning rate falls linearly to 0 over this last share of the time budget. The
+    # step count is planned once from the measured rate (at PLAN_AT of the budget) and kept in the
+    # checkpoint, so a continuation follows the same schedule to the step.
+    cooldown_frac: float = 0.0
     weight_decay: float = 0.0  # AdamW weight decay (DiT uses none)
     grad_clip: float = 1.0  # clip the global gradient norm to this (0 = off)
     ema_decay: float = 0.999  # EMA of the weights used for sampling; warmed up as min(d, (1+s)/(10+s))
@@ -297,6 +305,15 @@ class TrainConfig:
         if self.cooldown and (self.steps is None or self.cooldown > self.steps):
             raise TinyDiTError(f"`cooldown` {self.cooldown} is a fall over the last {self.cooldown} of `steps`: give "
                                f"`steps` of at least {self.cooldown} (got {self.steps or 'none'})")  # fmt: skip
+        if not 0 <= self.cooldown_frac <= MAX_COOLDOWN_FRAC:
+            raise TinyDiTError(f"`cooldown_frac` must be in [0, {MAX_COOLDOWN_FRAC}] (a share of the time budget), "
+                               f"got {self.cooldown_frac}")  # fmt: skip
+        if self.cooldown_frac and self.minutes is None:
+            raise TinyDiTError("`cooldown_frac` is a share of a time budget: give `minutes` (or use `cooldown` with "
+                               "`steps`)")  # fmt: skip
+        if self.cooldown_frac and self.cooldown:
+            raise TinyDiTError("give one cool-down: `cooldown` (steps, for a `steps` run) or `cooldown_frac` (a share "
+                               "of `minutes`)")  # fmt: skip
         if not 0 <= self.ema_decay < 1:
             raise TinyDiTError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
         if not 0 <= self.class_dropout < 1:

@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 
 from tinydit import distributed
-from tinydit.config import TrainConfig, recommended_sampling
+from tinydit.config import PLAN_AT, TrainConfig, recommended_sampling
 from tinydit.errors import TinyDiTError
 from tinydit.eval.evaluate import default_best_metric, lower_is_better, score_model
 from tinydit.eval.run_report import write_run_report
@@ -57,6 +57,8 @@ from tinydit.train.log import RunLog
 from tinydit.train.teacher import load_teacher, run_paths
 
 __all__ = ["Trainer", "TrainResult"]
+
+PLAN_OVERRUN = 1.1  # a planned time-budget run may run 10% over its budget to finish its cool-down
 
 
 @dataclass
@@ -155,6 +157,7 @@ class Trainer:
                                                     self.scaler)  # fmt: skip
         elif overwrite and main:
             (self.out / "metrics.jsonl").unlink(missing_ok=True)
+        self.plan = self._restore_plan(state)
         self.paths = self.val_paths = None  # distillation: the teacher's paths (tinydit.train.teacher)
         if self.teacher_state is not None:
             with self.world.main_first():  # rank 0 samples the teacher's paths; the others read its file
@@ -192,6 +195,7 @@ class Trainer:
             "model": unwrap(self.model).state_dict(), "ema": unwrap(self.ema).state_dict(),
             "optimizer": self.opt.state_dict(), "grad_scaler": self.scaler.state_dict(),
             "step": self.step, "train_seconds": self.train_seconds, "best": self.best, "sampling": self.sampling,
+            "plan": self.plan,
             "kernels": {"device": self.device.type, "precision": self.precision, **self.kernels()},
             "rng": {"torch": torch.get_rng_state(),
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
@@ -227,7 +231,34 @@ class Trainer:
     # ---------------------------------------------------------------------------------- one step
 
     def lr_at(self, step: int) -> float:
-        return optim.lr_at(self.cfg, step)
+        return optim.lr_at(self.cfg, step, self.plan)
+
+    # ---------------------------------------------------------------------------------- the time budget's plan
+
+    def _restore_plan(self, state: dict | None) -> dict | None:
+        """A continued time-budget run keeps its plan; a new budget is planned again, unless the old
+        plan's cool-down has begun (then its schedule is fixed, as a `steps` run's is)."""
+        plan = state.get("plan") if state is not None else None
+        if plan is None or plan["minutes"] == self.cfg.minutes:
+            return plan
+        if self.step > plan["steps"] - plan["cooldown"]:
+            raise TinyDiTError(f"{self.out} is at step {self.step}, inside the learning-rate cool-down planned for "
+                               f"`minutes` {plan['minutes']} (steps {plan['steps']}), so its schedule is fixed: "
+                               f"finish it with `minutes` {plan['minutes']}, or train another run (`out`, "
+                               "`overwrite`)")  # fmt: skip
+        return None
+
+    def _make_plan(self, seconds: float) -> dict:
+        """The step count a `minutes` run will reach, from its rate so far (on every rank: rank 0's numbers)."""
+        cfg = self.cfg
+        rate = self.step / max(seconds, 1e-9)  # steps per second of training, start-up included
+        total = self.step + int((cfg.minutes * 60 - seconds) * rate)
+        total = min(total, cfg.steps) if cfg.steps is not None else total
+        cooldown = min(max(1, round(cfg.cooldown_frac * total)), total - self.step)
+        mine = torch.tensor([total, cooldown] if self.world.main else [0, 0])
+        total, cooldown = (int(v) for v in self.world.sum(mine).tolist())
+        return {"minutes": cfg.minutes, "steps": total, "cooldown": cooldown, "planned_at": self.step,
+                "steps_per_second": round(rate, 3)}
 
     def batch_indices(self, step: int) -> torch.Tensor:
         epoch, i = divmod(step, self.steps_per_epoch)
@@ -360,10 +391,17 @@ class Trainer:
     def _seconds(self, started: float) -> float:
         return self.train_seconds + (time.perf_counter() - started)
 
-    def _done(self, started: float) -> bool:
-        if self.cfg.steps is not None and self.step >= self.cfg.steps:
+    def _steps_done(self) -> bool:
+        if self.plan is not None and self.step >= self.plan["steps"]:
             return True
-        return self.cfg.minutes is not None and self._seconds(started) >= self.cfg.minutes * 60
+        return self.cfg.steps is not None and self.step >= self.cfg.steps
+
+    def _done(self, started: float) -> bool:
+        if self._steps_done():
+            return True
+        # A planned run ends at its planned step; the clock only stops it if the machine slowed a lot.
+        budget = self.cfg.minutes * 60 * (PLAN_OVERRUN if self.plan is not None else 1) if self.cfg.minutes else None
+        return budget is not None and self._seconds(started) >= budget
 
     def close(self) -> None:
         """Let go of the run directory without training (``fit`` does it when it ends)."""
@@ -400,8 +438,13 @@ class Trainer:
                 s = self.step
                 # One decision for all ranks: their clocks and signals differ, their steps must not.
                 # Rank 0's clock is the run's: it alone spends time on validation, grids and evaluation.
-                done = self._done(started) if main else self.cfg.steps is not None and s >= self.cfg.steps
-                done, interrupt.requested = world.any(done, interrupt.requested)
+                done = self._done(started) if main else self._steps_done()
+                plan = (main and cfg.cooldown_frac > 0 and self.plan is None
+                        and self._seconds(started) >= PLAN_AT * cfg.minutes * 60)  # fmt: skip
+                done, interrupt.requested, plan = world.any(done, interrupt.requested, plan)
+                if plan:
+                    self.plan = self._make_plan(self._seconds(started))
+                    log.record({"step": s, "plan": self.plan})
                 stop = done or interrupt.requested
                 if s % cfg.log_every == 0 or stop:
                     now, seconds = time.perf_counter(), self._seconds(started)

@@ -1,0 +1,93 @@
+"""Learning-rate schedules for time budgets (`--minutes M --cooldown-frac F`): the run plans its step
+count once from its measured rate, cools the rate down linearly over the last F of it, and continues
+exactly from a checkpoint. A fake clock stands in for the machine: every reading advances it 0.01 s,
+so the plan is the same in every process that runs the same code path."""
+
+import json
+import signal
+import types
+
+import pytest
+import torch
+from conftest import fast_config
+
+import tinydit.train.trainer as trainer_module
+from tinydit.config import PLAN_AT
+from tinydit.errors import TinyDiTError
+from tinydit.models.checkpoint import load_checkpoint
+from tinydit.train import Trainer
+
+KW = dict(steps=None, minutes=0.025, cooldown_frac=0.3, batch_size=8, limit=20, warmup=2, log_every=5, val_every=10**6)
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    now = [0.0]
+
+    def perf_counter():
+        now[0] += 0.01
+        return now[0]
+
+    fake = types.SimpleNamespace(perf_counter=perf_counter, time=perf_counter)
+    monkeypatch.setattr(trainer_module, "time", fake)
+    return now
+
+
+def _lrs(run) -> dict[int, float]:
+    return {r["step"]: r["lr"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "lr" in r}
+
+
+def test_a_time_budget_run_plans_its_steps_and_cools_down_to_its_last_step(tmp_path, clock):
+    trainer = Trainer(fast_config(tmp_path, **KW), progress=False)
+    result = trainer.fit()
+    plan = load_checkpoint(tmp_path / "checkpoint.pt")["plan"]
+    assert plan["minutes"] == KW["minutes"] and result.step == plan["steps"]  # it ended where it planned to
+    assert plan["cooldown"] == round(KW["cooldown_frac"] * plan["steps"])
+    assert plan["planned_at"] < plan["steps"] - plan["cooldown"]  # planned before the decay begins
+    assert result.train_seconds >= PLAN_AT * KW["minutes"] * 60
+    lrs = [trainer.lr_at(s) for s in range(plan["steps"])]
+    start = plan["steps"] - plan["cooldown"]
+    assert lrs[start - 1] == pytest.approx(1e-3)  # constant until the cool-down ...
+    assert all(a > b for a, b in zip(lrs[start:-1], lrs[start + 1 :], strict=True))  # ... then falling every step ...
+    assert lrs[-1] == pytest.approx(1e-3 / plan["cooldown"])  # ... to lr / C at the last step
+    assert _lrs(tmp_path)[plan["steps"]] == pytest.approx(lrs[-1])
+
+
+def test_a_stopped_time_budget_run_continues_exactly(tmp_path, clock):
+    straight = Trainer(fast_config(tmp_path / "a", **KW), progress=False)
+    straight.fit()
+    plan = load_checkpoint(tmp_path / "a" / "checkpoint.pt")["plan"]
+    stop_at = plan["steps"] - plan["cooldown"] // 2  # inside the cool-down
+    clock[0] = 0.0
+    original = Trainer.train_step
+
+    def interrupted(self):
+        if self.step == stop_at - 1:
+            signal.raise_signal(signal.SIGINT)  # Ctrl-C: a checkpoint after this step
+        return original(self)
+
+    trainer_module.Trainer.train_step = interrupted
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            Trainer(fast_config(tmp_path / "b", **KW), progress=False).fit()
+    finally:
+        trainer_module.Trainer.train_step = original
+    stopped = load_checkpoint(tmp_path / "b" / "checkpoint.pt")
+    assert stopped["step"] == stop_at and stopped["plan"] == plan
+    resumed = Trainer(fast_config(tmp_path / "b", **KW), progress=False)
+    resumed.fit()
+    assert resumed.step == plan["steps"]
+    a, b = straight.model.state_dict(), resumed.model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # Once the cool-down has begun the schedule is fixed: another budget is refused, naming the way out
+    with pytest.raises(TinyDiTError, match="inside the learning-rate cool-down planned for `minutes` 0.025"):
+        Trainer(fast_config(tmp_path / "b", **{**KW, "minutes": 0.05}), progress=False)
+
+
+def test_cooldown_frac_is_checked():
+    with pytest.raises(TinyDiTError, match="give `minutes`"):
+        fast_config("x", steps=10, cooldown_frac=0.2)
+    with pytest.raises(TinyDiTError, match=r"`cooldown_frac` must be in \[0, 0.8\]"):
+        fast_config("x", steps=None, minutes=1.0, cooldown_frac=0.9)
+    with pytest.raises(TinyDiTError, match="give one cool-down"):
+        fast_config("x", steps=100, minutes=1.0, cooldown=10, cooldown_frac=0.2)
