@@ -249,3 +249,13 @@ def test_evaluation_split_over_ranks_scores_what_one_process_scores(runs, tmp_pa
     for key in ("fid_shapes_cnn", "shape_accuracy", "class_consistency"):
         assert abs(one[key] - two[key]) < 1e-3, (key, one[key], two[key])
     assert log.count("wrote ") == 1  # rank 0 alone scores and writes
+
+
+def test_a_time_budget_with_a_planned_cooldown_ends_every_rank_at_one_step(tmp_path):
+    """Rank 0's clock and plan decide for all: ranks that disagreed would wait for each other forever
+    (the test's timeout), or one would leave the others behind in a collective."""
+    out = tmp_path / "run"
+    _run(_torchrun(2, "train", *FLAGS, "--minutes", 0.15, "--cooldown-frac", 0.3, "--out", out), timeout=120)
+    state = _state(out)
+    assert state["plan"] is not None and state["step"] == state["plan"]["steps"]
+    assert '"plan"' in (out / "metrics.jsonl").read_text()

@@ -75,3 +75,27 @@ def test_sweep_apply_records_the_best_within_the_budget_and_never_touches_the_we
     api.record_sampling(run / "checkpoint.pt", HEUN)
     Trainer(fast_config(run, steps=10), progress=False).fit()
     assert load_checkpoint(run / "checkpoint.pt")["sampling"] == HEUN
+
+
+def test_the_run_sample_grids_draw_with_the_recorded_settings(tmp_path, monkeypatch):
+    """What samples.png shows is what `tinydit sample` draws: the record's sampler, steps, guidance and
+    interval (unless `sample_steps` or `sample_cfg` ask for Euler grids)."""
+    import tinydit.train.diagnostics as diagnostics
+
+    calls = []
+
+    def spy(name):
+        real = diagnostics._UNCHECKED[name]
+        return lambda *args, **kw: calls.append((name, args[3], args[4], kw.get("cfg_interval"))) or real(*args, **kw)
+
+    monkeypatch.setitem(diagnostics._UNCHECKED, "heun", spy("heun"))
+    monkeypatch.setitem(diagnostics._UNCHECKED, "euler", spy("euler"))
+    trainer = Trainer(fast_config(tmp_path / "a", steps=1, sample_steps=None, sample_cfg=None), progress=False)
+    trainer.sampling = dict(HEUN)
+    trainer.fit()
+    assert calls == [("heun", 3, 1.5, (0.2, 0.9))]
+    calls.clear()
+    trainer = Trainer(fast_config(tmp_path / "b", steps=1, sample_steps=2, sample_cfg=4.0), progress=False)
+    trainer.sampling = dict(HEUN)
+    trainer.fit()
+    assert calls == [("euler", 2, 4.0, None)]

@@ -8,7 +8,7 @@ import torch
 from conftest import fast_config
 from PIL import Image
 
-from tinydit.config import SHAPES_HOLDOUT, TrainConfig
+from tinydit.config import NOISEWARD_SHIFT, SHAPES_HOLDOUT, TrainConfig
 from tinydit.data.text import BOS, PAD, holds_phrase, tokenizer_of
 from tinydit.errors import TinyDiTError
 from tinydit.models.checkpoint import load_checkpoint, load_model
@@ -115,8 +115,12 @@ def test_a_holdout_that_matches_nothing_warns(tmp_path):
         Trainer(fast_config(tmp_path, **MMDIT, steps=1, holdout="red triangle,purple triangle"), progress=False)
 
 
-def test_text_runs_default_to_logit_normal_times_and_class_runs_to_uniform():
-    assert TrainConfig(model="mmdit").t_sampling == "logit-normal"
-    assert TrainConfig(model="dit", cond="text").t_sampling == "logit-normal"
-    assert TrainConfig().t_sampling == "uniform"
-    assert TrainConfig(model="mmdit", t_sampling="uniform").t_sampling == "uniform"  # an explicit choice stays
+def test_training_times_default_by_conditioning_and_data():
+    """Text runs: logit-normal; class runs on RGB data (x-prediction): logit-normal shifted towards noise;
+    Fashion-MNIST class runs (v-prediction): uniform. An explicit choice stays."""
+    times = lambda **kw: (TrainConfig(**kw).t_sampling, TrainConfig(**kw).t_shift)  # noqa: E731
+    assert times(model="mmdit") == times(model="dit", cond="text") == ("logit-normal", 1.0)
+    assert times() == times(data="cifar10") == ("logit-normal", NOISEWARD_SHIFT)  # shapes is the default data
+    assert times(data="fashion-mnist") == ("uniform", 1.0)
+    assert times(model="mmdit", t_sampling="uniform") == ("uniform", 1.0)
+    assert times(t_sampling="uniform", t_shift=1.0) == ("uniform", 1.0)

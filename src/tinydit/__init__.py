@@ -2,7 +2,7 @@
 
 The package, one idea a folder, imports pointing one way (``tests/test_layers.py`` enforces it):
 
-    errors, config, runtime, files, images, tokens, progress   leaves: what every layer shares
+    errors, config, runtime, files, images, tokens, progress, distributed   leaves: what every layer shares
     models/   architecture only: DiT, MMDiT, their layers and kernels, the registry, reading checkpoints
     data/     data sets and the in-memory cache, shapes, captions and the tokenizer, writing samples
     flow/     the method: path and loss, guidance, samplers, time grids, generation, few-step losses

@@ -37,6 +37,9 @@ T_SAMPLINGS = ("uniform", "logit-normal")  # how training times are drawn (tinyd
 # A time-budget run plans its step count once this share of its budget has passed (the rate is steady by
 # then); its cool-down must start after that.
 PLAN_AT = 0.1
+# Class runs on RGB data train on logit-normal times shifted by this towards noise: logit(t) ~ N(log 2.2, 1),
+# about JiT's N(0.8, 0.8) (Li & He 2025) for x-prediction (docs/notes/shapes_diagnosis.md).
+NOISEWARD_SHIFT = 2.2
 MAX_COOLDOWN_FRAC = 0.8
 KNOTS = 8  # distillation: the teacher's path is kept at t = 0, 1/8, ..., 1 (tinydit.flow.distill)
 
@@ -160,6 +163,12 @@ RECOMMENDED_SAMPLING: dict[tuple[str, str, str], dict] = {
         "sampler": "heun-first", "steps": 11, "cfg_scale": 3.5, "cfg_interval": (0.1, 0.9),
         "source": "docs/notes/sweeps.md: fid_fmnist_cnn 1.448 / 1.471 (2 seeds, 10,000 samples) with 20 "
                   "evaluations, the best measured on that checkpoint (2026-11-30)"},
+    # The class signal in a shapes model's velocity is small (the shape kind changes few pixels; colours
+    # and place change many), so it takes strong guidance, kept off the last 30% of the path near the data.
+    ("shapes", "dit-1.9m", "class"): {
+        "sampler": "ancestral", "steps": 64, "cfg_scale": 30.0, "cfg_interval": (0.3, 1.0),
+        "source": "docs/notes/shapes_diagnosis.md: read_shape draws the asked shape in 0.88 of 200 samples against "
+                  "0.29 at guidance 4 (the 1,750-step dit-1.9m on noise-ward times, 2026-12-01)"},
     ("shapes", "mmdit-2.3m", "text"): {
         "sampler": "ancestral", "steps": 64, "cfg_scale": 10.0, "cfg_interval": (0.3, 1.0),
         "source": "docs/text_to_image.md: all-attribute prompt adherence 0.912 / 0.907 (2 seeds), the best "
@@ -227,7 +236,8 @@ class TrainConfig:
     ema_decay: float = 0.999  # EMA of the weights used for sampling; warmed up as min(d, (1+s)/(10+s))
     class_dropout: float = 0.1  # probability of the null label (text: the empty caption), for guidance
     # Training times: uniform | logit-normal (SD3). None: logit-normal for text runs (it raised MMDiT's
-    # all-attribute accuracy on shapes, docs/text_to_image.md), else uniform.
+    # all-attribute accuracy on shapes, docs/text_to_image.md) and for class runs on RGB data, whose
+    # presets predict x (then also shifted towards noise, see `t_shift`); uniform on Fashion-MNIST.
     t_sampling: str | None = None
     # none | shortcut: also train the model to take large steps (tinydit.flow.shortcut) | distill: train a
     # few-step student on the paths of a trained model, ``teacher`` (tinydit.flow.distill)
@@ -238,7 +248,10 @@ class TrainConfig:
     teacher_cfg: float = 3.0  # ... with this guidance scale ...
     teacher_cfg_interval: tuple[float, float] = (0.1, 0.8)  # ... applied for t in this interval (docs/few_step.md)
     distill_paths: int = 40_000  # distill: how many teacher paths the student trains on
-    t_shift: float = 1.0  # > 1 moves training times towards noise: t' = s t / (1 + (s - 1) t)
+    # > 1 moves training times towards noise: t' = s t / (1 + (s - 1) t). None: NOISEWARD_SHIFT for class
+    # runs on RGB data (x-prediction trains where the layout is decided, as JiT does; shapes drew the asked
+    # shape far more often, docs/notes/shapes_diagnosis.md), else 1.
+    t_shift: float | None = None
     seed: int = 0  # the one seed behind data order, flips, times, noise and initial weights
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     precision: str = "auto"  # auto | fp32 | bf16 | fp16 (CUDA only); auto = fastest measured on the device
@@ -248,8 +261,10 @@ class TrainConfig:
     val_size: int = 512  # held-out images used for the validation loss
     sample_every: int = 500  # steps between sample grids (samples/step_NNNNNN.png)
     ckpt_every: int = 500  # steps between checkpoints (always one at the end, and on Ctrl-C)
-    sample_steps: int = 32  # Euler steps for the sample grids
-    sample_cfg: float = 2.0  # guidance scale for the sample grids
+    # The sample grids: None (both) draws them with the settings the checkpoint records (what `tinydit
+    # sample` uses); given, Euler with these steps and this guidance scale.
+    sample_steps: int | None = None
+    sample_cfg: float | None = None
     # Evaluation during training: every `eval_every` steps (0: never) and at the end, `eval_n` class-balanced
     # EMA samples (the sample grids' sampler settings) scored with the offline metrics (tinydit.eval), into
     # metrics.jsonl; the best by `best_metric` is kept as best.pt.
@@ -281,8 +296,11 @@ class TrainConfig:
             hint = "; use `model` dit for class labels" if self.model == "mmdit" else ""
             raise TinyDiTError(f"`model` {self.model} takes `cond` {' or '.join(conds)}, got {self.cond!r}{hint}")
         self.holdout = self._resolve_holdout()
+        rgb_class = self.cond == "class" and canonical_name(self.data) != "fashion-mnist"
         if self.t_sampling is None:
-            self.t_sampling = "logit-normal" if self.cond == "text" else "uniform"
+            self.t_sampling = "logit-normal" if self.cond == "text" or rgb_class else "uniform"
+        if self.t_shift is None:
+            self.t_shift = NOISEWARD_SHIFT if rgb_class else 1.0
         if self.steps is None and self.minutes is None:
             self.steps = 2000
         if self.steps is not None and self.steps < 1:
@@ -290,7 +308,7 @@ class TrainConfig:
         if self.minutes is not None and self.minutes <= 0:
             raise TinyDiTError(f"`minutes` must be > 0, got {self.minutes}")
         for name in ("batch_size", "log_every", "val_every", "val_size", "sample_every", "ckpt_every", "sample_steps"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise TinyDiTError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.classes is not None and not [c for c in self.classes.split(",") if c.strip()]:
             raise TinyDiTError(f"`classes` {self.classes!r} names no class: give names or ids, comma-separated")
@@ -333,7 +351,7 @@ class TrainConfig:
             raise TinyDiTError(f"`eval_every` must be >= 0 and `eval_n` >= 10, got {self.eval_every} and {self.eval_n}")
         if self.eval_budget not in EVAL_BUDGETS:
             raise TinyDiTError(f"`eval_budget` must be {' or '.join(EVAL_BUDGETS)}, got {self.eval_budget!r}")
-        if self.sample_cfg < 0:
+        if self.sample_cfg is not None and self.sample_cfg < 0:
             raise TinyDiTError(f"sample_cfg (guidance scale) must be >= 0, got {self.sample_cfg}")
 
     def _check_distill(self) -> None:

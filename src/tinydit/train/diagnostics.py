@@ -11,7 +11,7 @@ from torch import nn
 from tinydit.flow import distill
 from tinydit.flow.generate import class_cycle
 from tinydit.flow.path import N_T_BINS, flow_loss, t_bins
-from tinydit.flow.samplers import euler_sample
+from tinydit.flow.samplers import _UNCHECKED
 from tinydit.images import save_grid
 from tinydit.train.data import RunData
 from tinydit.train.teacher import TeacherPaths
@@ -53,17 +53,24 @@ def validation_losses(model: nn.Module, data: RunData, device: torch.device,
 
 
 @torch.no_grad()
-def sample_grid(forward, data: RunData, config, noise_gen: torch.Generator, device: torch.device, steps: int,
-                cfg_scale: float, paths: list[Path], per_class: int = 8) -> None:  # fmt: skip
-    """Samples from fixed noise (drawn from ``noise_gen``), written to each of ``paths``: one column per
-    class, or in text runs one row of ``per_class`` images per prompt of ``data.prompts``."""
+def sample_grid(forward, data: RunData, config, noise_gen: torch.Generator, device: torch.device, settings: dict,
+                paths: list[Path], per_class: int = 8) -> None:  # fmt: skip
+    """Samples from fixed noise (drawn from ``noise_gen``) with the sampler ``settings`` (sampler, steps,
+    cfg_scale and its options), written to each of ``paths``: one column per class, or in text runs one
+    row of ``per_class`` images per prompt of ``data.prompts``."""
     if data.tokenizer is not None:
         ids = data.tokenizer.encode(data.prompts, warn=False)  # (P, L)
         y, nrow = ids.repeat_interleave(per_class, dim=0).to(device), per_class  # (P * per_class, L)
     else:
         y, nrow = class_cycle(per_class * config.n_classes, config.n_classes, device), config.n_classes
     noise = torch.randn(len(y), config.in_channels, config.img_size, config.img_size, generator=noise_gen)
-    x = euler_sample(forward, noise.to(device), y, steps, cfg_scale).x.cpu()  # (n, C, H, W)
+    options = {k: v for k, v in settings.items() if k not in ("sampler", "steps", "cfg_scale")}
+    if options.get("cfg_interval") is not None:
+        options["cfg_interval"] = tuple(options["cfg_interval"])
+    if settings["sampler"] == "ancestral":
+        options["generator"] = noise_gen  # its fresh noise: the same stream, after the starting noise
+    run = _UNCHECKED[settings["sampler"]]
+    x = run(forward, noise.to(device), y, settings["steps"], settings["cfg_scale"], **options).x.cpu()  # (n, C, H, W)
     for path in paths:
         path.parent.mkdir(exist_ok=True)
         save_grid(x, path, nrow=nrow)

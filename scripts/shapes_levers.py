@@ -1,0 +1,106 @@
+"""Train the quick start's model on `shapes` with some settings changed, then read its samples back.
+
+    python scripts/shapes_levers.py --out /tmp/levers/base --set steps=1750
+    python scripts/shapes_levers.py --out /tmp/levers/ln --set steps=1750 --set t_sampling=logit-normal \
+        --set t_shift=2.2
+    python scripts/shapes_levers.py --out /tmp/levers/large --set steps=1750 --variant size=large
+    python scripts/shapes_levers.py --score-only --out /tmp/levers/ln --sample ancestral:64:10:0.3-1
+
+Training is `tinydit train --data shapes` (the default preset, precision and everything else) with each
+``--set FIELD=VALUE`` applied to its TrainConfig; runs compared against each other use ``steps`` rather
+than ``minutes``, so a busy machine changes their wall time but not what they compute. ``--variant``
+trains on a simpler variant of the data (``scripts/shapes_probe.py``'s ``make_variant``: n_colors,
+bg, size, jitter). Each ``--sample SAMPLER:STEPS:GUIDANCE[:LO-HI]`` draws ``--n`` class-balanced EMA
+samples (seed 0) and prints one JSON line: the share whose shape ``read_shape`` reads as the one asked
+for (chance 0.25) and the share of pixels within 40/255 of a palette colour.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+def parse_value(text: str):
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return {"none": None, "true": True, "false": False}.get(text.lower(), text)
+
+
+def score(checkpoint: Path, n: int, spec: str) -> dict:
+    from tinydit import api
+    from tinydit.data.shapes import _PALETTE, SHAPES, read_shape
+    from tinydit.images import to_uint8
+
+    parts = spec.split(":")
+    options = {}
+    if len(parts) > 3:
+        lo, hi = parts[3].split("-")
+        options["cfg_interval"] = (float(lo), float(hi))
+    res = api.sample(checkpoint, n, sampler=parts[0], steps=int(parts[1]), cfg_scale=float(parts[2]), **options)
+    u8 = to_uint8(res.x)  # (N, 3, H, W), as a saved PNG would be
+    hits = [read_shape(img)["shape"] == SHAPES[int(c)] for img, c in zip(u8, res.labels, strict=True)]
+    pix = u8.permute(0, 2, 3, 1).reshape(n, -1, 3).float().numpy()
+    near = np.linalg.norm(pix[:, :, None, :] - _PALETTE[None, None], axis=-1).min(-1) < 40
+    return {"sample": spec, "nfe": res.nfe, "shape": round(float(np.mean(hits)), 3),
+            "colours": round(float(np.mean([on_palette(img) for img in u8.numpy()])), 3),
+            "palette": round(float(near.mean()), 3)}  # fmt: skip
+
+
+def on_palette(img: np.ndarray) -> bool:
+    """Whether an image's background (its border's median) and its shape (the median of the pixels
+    far from the background) are both within 40/255 (RGB distance) of a palette colour."""
+    from tinydit.data.shapes import _PALETTE
+
+    img = img.astype(np.float32)
+    border = np.concatenate([img[:, 0], img[:, -1], img[:, 1:-1, 0], img[:, 1:-1, -1]], axis=1)
+    bg = np.median(border, axis=1)
+    pix = img.reshape(3, -1).T
+    far = pix[np.linalg.norm(pix - bg, axis=1) > 90]
+    if len(far) < 3:
+        return False  # no shape drawn
+    fg = np.median(far, axis=0)
+    return all(np.linalg.norm(_PALETTE - c, axis=1).min() < 40 for c in (bg, fg))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="the run directory")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="a TrainConfig field")
+    p.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE",
+                   help="train on a variant of shapes: n_colors, bg, size (small|large), jitter (0-1)")
+    p.add_argument("--sample", action="append", default=None, metavar="SAMPLER:STEPS:GUIDANCE[:LO-HI]")
+    p.add_argument("--n", type=int, default=400, help="samples per --sample (class-balanced)")
+    p.add_argument("--score-only", action="store_true", help="score the checkpoint already in --out")
+    args = p.parse_args()
+    out = Path(args.out)
+    if not args.score_only:
+        variant = {k: parse_value(v) for k, v in (a.split("=", 1) for a in args.variant)}
+        if variant:
+            from shapes_probe import make_variant
+
+            make_variant(variant.get("n_colors"), variant.get("bg"), variant.get("size"), variant.get("jitter", 1.0))
+        from tinydit.config import TrainConfig
+        from tinydit.train import Trainer
+
+        fields = {k: parse_value(v) for k, v in (a.split("=", 1) for a in args.set)}
+        cfg = TrainConfig(out=str(out), data="shapes", report=False, **fields)
+        result = Trainer(cfg, overwrite=True, progress=False).fit()
+        print(json.dumps({"out": str(out), "set": fields, "variant": variant, "step": result.step,
+                          "train_seconds": round(result.train_seconds), "val_loss_ema": round(result.val_loss_ema, 4)}),
+              flush=True)  # fmt: skip
+    for spec in args.sample or ["euler:32:2", "euler:32:4"]:
+        print(json.dumps({"out": str(out), **score(out / "checkpoint.pt", args.n, spec)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
