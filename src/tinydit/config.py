@@ -261,12 +261,10 @@ class TrainConfig:
     val_size: int = 512  # held-out images used for the validation loss
     sample_every: int = 500  # steps between sample grids (samples/step_NNNNNN.png)
     ckpt_every: int = 500  # steps between checkpoints (always one at the end, and on Ctrl-C)
-    # The sample grids: None (both) draws them with the settings the checkpoint records (what `tinydit
-    # sample` uses); given, Euler with these steps and this guidance scale.
-    sample_steps: int | None = None
-    sample_cfg: float | None = None
+    sample_steps: int | None = None  # sample grids: Euler steps; None (with `sample_cfg`): the recorded sampler
+    sample_cfg: float | None = None  # sample grids: guidance scale; None: the recorded one (what `tinydit sample` uses)
     # Evaluation during training: every `eval_every` steps (0: never) and at the end, `eval_n` class-balanced
-    # EMA samples (the sample grids' sampler settings) scored with the offline metrics (tinydit.eval), into
+    # EMA samples (the recorded sampler settings) scored with the offline metrics (tinydit.eval), into
     # metrics.jsonl; the best by `best_metric` is kept as best.pt.
     eval_every: int = 0
     eval_n: int = 500  # samples per evaluation: more is less noisy and slower
