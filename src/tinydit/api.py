@@ -234,7 +234,7 @@ def evaluate(
         raise TinyDiTError(f"{checkpoint or samples} does not exist; pass a checkpoint.pt, or samples as an .npz "
                            "or a folder of images")  # fmt: skip
     extra: dict = {"nfe_per_image": None, "generation_seconds": None}
-    world = distributed.init(resolve_device(device)) if checkpoint is not None else distributed.SINGLE
+    world = distributed.init(resolve_device(device))
     if checkpoint is not None:
         state = checkpoints.load_checkpoint(checkpoint)
         settings, note = resolve_sampling(state, sampler=sampler, steps=steps, cfg_scale=cfg_scale, **options)
@@ -244,9 +244,9 @@ def evaluate(
                                                                  sampler=sampler, progress=progress, world=world,
                                                                  **options)  # fmt: skip
         extra["sampler_note"] = note
-        if not world.main:
-            return {}
-    else:
+    if not world.main:  # rank 0 alone scores and writes
+        return {}
+    if checkpoint is None:
         if not data:
             raise TinyDiTError("`samples` needs `data` (fashion-mnist, shapes, cifar10 or a folder) for the reference")
         classes = load_dataset(data, train=False, root=data_root, limit=1).classes
