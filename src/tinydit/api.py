@@ -34,6 +34,7 @@ from tinydit.config import (
     check_sampler_args,
     check_seed,
     recommended_sampling,
+    split_sampling,
 )
 from tinydit.data.datasets import load_dataset
 from tinydit.data.samples import check_output, write_samples
@@ -122,13 +123,6 @@ def sampling_note(checkpoint: str | Path) -> str:
     return resolve_sampling(checkpoints.load_checkpoint(checkpoint))[1]
 
 
-def _split(settings: dict) -> tuple[str, int, float, dict]:
-    options = {k: v for k, v in settings.items() if k not in ("sampler", "steps", "cfg_scale") and v is not None}
-    if options.get("cfg_interval") is not None:
-        options["cfg_interval"] = tuple(options["cfg_interval"])
-    return settings["sampler"], settings["steps"], settings["cfg_scale"], options
-
-
 def sample(
     checkpoint: str | Path,
     n: int | None = None,
@@ -166,7 +160,7 @@ def sample(
     precision = resolve_precision(precision, device)
     model, state = checkpoints.load_model(checkpoint, ema=ema, map_location=device)
     settings, note = resolve_sampling(state, sampler=sampler, steps=steps, cfg_scale=cfg_scale, **options)
-    sampler, steps, cfg_scale, options = _split(settings)
+    sampler, steps, cfg_scale, options = split_sampling(settings)
     check_sampler_args(steps, cfg_scale, sampler, **options)
     out = check_output(out) if out is not None and world.main else None  # created once the checkpoint has loaded
     warn_if_untrained_settings(state, sampler, steps, cfg_scale, options.get("grid", "uniform"))
@@ -238,7 +232,7 @@ def evaluate(
     if checkpoint is not None:
         state = checkpoints.load_checkpoint(checkpoint)
         settings, note = resolve_sampling(state, sampler=sampler, steps=steps, cfg_scale=cfg_scale, **options)
-        sampler, steps, cfg_scale, options = _split(settings)
+        sampler, steps, cfg_scale, options = split_sampling(settings)
         images, labels, data, classes, extra = generate_for_eval(state, n, steps, cfg_scale, seed,
                                                                  world.device(resolve_device(device)), data,
                                                                  sampler=sampler, progress=progress, world=world,

@@ -23,7 +23,7 @@ from tinydit.tokens import parse_phrases
 
 __all__ = ["TrainConfig", "TRAJECTORY_FIELDS", "SHAPES_HOLDOUT", "FEW_STEP", "MODEL_CONDS", "MODEL_PRESETS",
            "DEFAULT_PRESETS", "SAMPLER_NAMES", "GRID_NAMES", "T_SAMPLINGS", "KNOTS", "BUILTIN_DATASETS",
-           "canonical_name", "check_sampler_args", "check_seed"]  # fmt: skip
+           "canonical_name", "check_sampler_args", "check_seed", "split_sampling"]  # fmt: skip
 
 # Caption combinations a shapes text run never sees unless told otherwise (`holdout`): prompt adherence
 # on them measures compositional generalisation (tinydit.eval.adherence).
@@ -174,6 +174,15 @@ RECOMMENDED_SAMPLING: dict[tuple[str, str, str], dict] = {
         "source": "docs/text_to_image.md: all-attribute prompt adherence 0.912 / 0.907 (2 seeds), the best "
                   "measured for the 20-minute MMDiT (2026-11-30)"},
 }  # fmt: skip
+
+
+def split_sampling(settings: dict) -> tuple[str, int, float, dict]:
+    """A sampling record (``SAMPLING_KEYS``, e.g. a checkpoint's ``sampling``) as a sampler's arguments:
+    (sampler, steps, cfg_scale, options), the options without the unset ones and the interval a tuple."""
+    options = {k: settings[k] for k in SAMPLING_KEYS[3:] if settings.get(k) is not None}
+    if "cfg_interval" in options:
+        options["cfg_interval"] = tuple(options["cfg_interval"])
+    return settings["sampler"], settings["steps"], settings["cfg_scale"], options
 
 
 def recommended_sampling(data: str, preset: str, cond: str, few_step: str = "none") -> dict:

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from tinydit.config import split_sampling
 from tinydit.flow import distill
 from tinydit.flow.generate import class_cycle
 from tinydit.flow.path import N_T_BINS, flow_loss, t_bins
@@ -55,8 +56,8 @@ def validation_losses(model: nn.Module, data: RunData, device: torch.device,
 @torch.no_grad()
 def sample_grid(forward, data: RunData, config, noise_gen: torch.Generator, device: torch.device, settings: dict,
                 paths: list[Path], per_class: int = 8) -> None:  # fmt: skip
-    """Samples from fixed noise (drawn from ``noise_gen``) with the sampler ``settings`` (sampler, steps,
-    cfg_scale and its options), written to each of ``paths``: one column per class, or in text runs one
+    """Samples from fixed noise (drawn from ``noise_gen``) with the sampler ``settings`` (a sampling
+    record, ``tinydit.config.split_sampling``), written to each of ``paths``: one column per class, or in text runs one
     row of ``per_class`` images per prompt of ``data.prompts``."""
     if data.tokenizer is not None:
         ids = data.tokenizer.encode(data.prompts, warn=False)  # (P, L)
@@ -64,13 +65,10 @@ def sample_grid(forward, data: RunData, config, noise_gen: torch.Generator, devi
     else:
         y, nrow = class_cycle(per_class * config.n_classes, config.n_classes, device), config.n_classes
     noise = torch.randn(len(y), config.in_channels, config.img_size, config.img_size, generator=noise_gen)
-    options = {k: v for k, v in settings.items() if k not in ("sampler", "steps", "cfg_scale")}
-    if options.get("cfg_interval") is not None:
-        options["cfg_interval"] = tuple(options["cfg_interval"])
-    if settings["sampler"] == "ancestral":
+    sampler, steps, cfg_scale, options = split_sampling(settings)
+    if sampler == "ancestral":
         options["generator"] = noise_gen  # its fresh noise: the same stream, after the starting noise
-    run = _UNCHECKED[settings["sampler"]]
-    x = run(forward, noise.to(device), y, settings["steps"], settings["cfg_scale"], **options).x.cpu()  # (n, C, H, W)
+    x = _UNCHECKED[sampler](forward, noise.to(device), y, steps, cfg_scale, **options).x.cpu()  # (n, C, H, W)
     for path in paths:
         path.parent.mkdir(exist_ok=True)
         save_grid(x, path, nrow=nrow)

@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 
 from tinydit import distributed
-from tinydit.config import PLAN_AT, SAMPLING_KEYS, TrainConfig, recommended_sampling
+from tinydit.config import PLAN_AT, TrainConfig, recommended_sampling, split_sampling
 from tinydit.errors import TinyDiTError
 from tinydit.eval.evaluate import default_best_metric, lower_is_better, score_model
 from tinydit.eval.run_report import write_run_report
@@ -346,7 +346,7 @@ class Trainer:
         if self.paths is not None:  # a distilled student: 4 steps, guidance in its paths
             settings = {"sampler": "euler", "steps": 4, "cfg_scale": 1.0}
         elif cfg.sample_steps is None and cfg.sample_cfg is None:  # what `tinydit sample` will draw
-            settings = {k: v for k, v in rec.items() if k in SAMPLING_KEYS and v is not None}
+            settings = rec
         else:
             settings = {"sampler": "euler", "steps": cfg.sample_steps or rec["steps"],
                         "cfg_scale": rec["cfg_scale"] if cfg.sample_cfg is None else cfg.sample_cfg}  # fmt: skip
@@ -373,16 +373,14 @@ class Trainer:
         records, ``self.sampling``) into metrics.jsonl and keep the best as
         best.pt; returns the training clock's start, moved past the evaluation unless it counts."""
         t0 = time.perf_counter()
-        rec = self.sampling  # the settings the checkpoint records: what sample and eval will use
-        options = {k: rec[k] for k in ("grid", "shift", "eta", "rtol", "atol") if rec.get(k) is not None}
-        if rec.get("cfg_interval"):
-            options["cfg_interval"] = tuple(rec["cfg_interval"])
+        # the settings the checkpoint records: what sample and eval will use
+        sampler, steps, cfg_scale, options = split_sampling(self.sampling)
         state = {"data": {"name": self.data.name, "classes": self.train_set.classes},
                  "train_config": self.cfg.to_dict(), "tokenizer": self.tokenizer.to_dict() if self.text else None}
         with autocast(self.device, self.precision):  # the run's precision: its scores follow the run, not the machine
-            metrics = score_model(self.ema_forward, state, self.cfg.eval_n, rec["steps"], rec["cfg_scale"],
-                                  seed=self.cfg.seed, root=self.cfg.data_root, progress=self.progress,
-                                  sampler=rec["sampler"], **options)  # fmt: skip
+            metrics = score_model(self.ema_forward, state, self.cfg.eval_n, steps, cfg_scale, seed=self.cfg.seed,
+                                  root=self.cfg.data_root, progress=self.progress, sampler=sampler,
+                                  **options)  # fmt: skip
         if self.best_metric not in metrics:
             raise TinyDiTError(f"`best_metric` {self.best_metric!r} is not among the evaluation's metrics "
                                f"({', '.join(sorted(metrics))})")  # fmt: skip
