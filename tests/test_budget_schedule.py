@@ -1,5 +1,6 @@
-"""Learning-rate schedules for time budgets (`--minutes M --cooldown-frac F`): the run plans its step
-count once from its measured rate, cools the rate down linearly over the last F of it, and continues
+"""Learning-rate schedules for time budgets (`--minutes M --cooldown-frac F`): when the time left holds
+the last F of the run's steps at its measured rate, the run plans its step count, cools the rate down
+linearly over those last steps, and continues
 exactly from a checkpoint. A fake clock stands in for the machine: every reading advances it 0.01 s,
 so the plan is the same in every process that runs the same code path."""
 
@@ -12,7 +13,7 @@ import torch
 from conftest import fast_config
 
 import tinydit.train.trainer as trainer_module
-from tinydit.config import PLAN_AT
+from tinydit.config import BUDGET_COOLDOWN_FRAC, PLAN_AT
 from tinydit.errors import TinyDiTError
 from tinydit.models.checkpoint import load_checkpoint
 from tinydit.train import Trainer
@@ -42,8 +43,9 @@ def test_a_time_budget_run_plans_its_steps_and_cools_down_to_its_last_step(tmp_p
     result = trainer.fit()
     plan = load_checkpoint(tmp_path / "checkpoint.pt")["plan"]
     assert plan["minutes"] == KW["minutes"] and result.step == plan["steps"]  # it ended where it planned to
-    assert plan["cooldown"] == round(KW["cooldown_frac"] * plan["steps"])
-    assert plan["planned_at"] < plan["steps"] - plan["cooldown"]  # planned before the decay begins
+    assert abs(plan["cooldown"] - KW["cooldown_frac"] * plan["steps"]) <= 2  # the last F of the steps ...
+    assert plan["planned_at"] == plan["steps"] - plan["cooldown"]  # ... planned as their decay begins
+    assert plan["planned_at"] > 0.5 * plan["steps"]
     assert result.train_seconds >= PLAN_AT * KW["minutes"] * 60
     lrs = [trainer.lr_at(s) for s in range(plan["steps"])]
     start = plan["steps"] - plan["cooldown"]
@@ -91,3 +93,19 @@ def test_cooldown_frac_is_checked():
         fast_config("x", steps=None, minutes=1.0, cooldown_frac=0.9)
     with pytest.raises(TinyDiTError, match="give one cool-down"):
         fast_config("x", steps=100, minutes=1.0, cooldown=10, cooldown_frac=0.2)
+
+
+def test_a_time_budget_cools_down_by_default_and_an_earlier_run_continues_under_it(tmp_path, clock):
+    assert fast_config("x", steps=None, minutes=1.0).cooldown_frac == BUDGET_COOLDOWN_FRAC
+    assert fast_config("x", steps=10).cooldown_frac == 0.0  # a `steps` run: `cooldown` says
+    assert fast_config("x", steps=100, minutes=1.0, cooldown=10).cooldown_frac == 0.0
+    # A run made without a cool-down (as before the default) and stopped before any plan continues under it:
+    # nothing it computed depended on the share
+    off = {**KW, "cooldown_frac": 0.0, "minutes": 0.005}
+    Trainer(fast_config(tmp_path, **off), progress=False).fit()
+    assert load_checkpoint(tmp_path / "checkpoint.pt")["plan"] is None
+    resumed = Trainer(fast_config(tmp_path, **{**KW, "cooldown_frac": None}), progress=False)
+    resumed.fit()
+    plan = load_checkpoint(tmp_path / "checkpoint.pt")["plan"]
+    assert plan["minutes"] == KW["minutes"] and resumed.step == plan["steps"]
+    assert abs(plan["cooldown"] - BUDGET_COOLDOWN_FRAC * plan["steps"]) <= 2

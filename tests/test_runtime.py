@@ -25,6 +25,23 @@ def test_auto_picks_bf16_only_on_cpus_with_native_bf16_and_fp16_needs_cuda(monke
     assert resolve_compile("on", CPU) is True
     with pytest.raises(TinyDiTError, match="fp16 needs a CUDA device"):
         resolve_precision("fp16", CPU)
+
+
+def test_auto_compiles_a_cpu_run_only_for_a_long_enough_budget_and_with_a_compiler(monkeypatch):
+    import tinydit.runtime as runtime
+
+    long, short = runtime.COMPILE_CPU_MINUTES, runtime.COMPILE_CPU_MINUTES - 0.5
+    monkeypatch.setattr(runtime, "has_cxx_compiler", lambda: True)
+    assert resolve_compile("auto", CPU, long) is True
+    assert resolve_compile("auto", CPU, short) is False
+    assert resolve_compile("auto", CPU, None) is False  # a `steps` run, or sampling: no budget to win it back
+    assert resolve_compile("off", CPU, long) is False
+    assert resolve_compile("auto", torch.device("mps"), long) is False
+    monkeypatch.setattr(runtime, "has_cxx_compiler", lambda: False)
+    assert resolve_compile("auto", CPU, long) is False  # Inductor would fail at the first step
+    monkeypatch.undo()
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    assert runtime.has_cxx_compiler() is False  # $CXX names the one compiler Inductor will call
     with pytest.raises(TinyDiTError, match="fp16 needs a CUDA device"):
         Trainer(fast_config("unused", precision="fp16", device="cpu"), progress=False)
 

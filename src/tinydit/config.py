@@ -34,13 +34,16 @@ COMPILE_CHOICES = COMPILE
 FEW_STEP = ("none", "shortcut", "distill")  # see TrainConfig.few_step
 EVAL_BUDGETS = ("outside", "inside")  # see TrainConfig.eval_budget
 T_SAMPLINGS = ("uniform", "logit-normal")  # how training times are drawn (tinydit.flow.path.sample_t)
-# A time-budget run plans its step count once this share of its budget has passed (the rate is steady by
-# then); its cool-down must start after that.
+# A time-budget run measures its rate once this share of its budget has passed in the process (compiling,
+# caching and the first grid come before; the rate is steady by then); its cool-down must start after that.
 PLAN_AT = 0.1
 # Class runs on RGB data train on logit-normal times shifted by this towards noise: logit(t) ~ N(log 2.2, 1),
 # about JiT's N(0.8, 0.8) (Li & He 2025) for x-prediction (docs/notes/shapes_diagnosis.md).
 NOISEWARD_SHIFT = 2.2
 MAX_COOLDOWN_FRAC = 0.8
+# `minutes` runs let the learning rate fall over this last share of the budget unless told otherwise:
+# measured at 5 (shapes) and 15 minutes (Fashion-MNIST) in docs/notes/schedules.md.
+BUDGET_COOLDOWN_FRAC = 0.2
 KNOTS = 8  # distillation: the teacher's path is kept at t = 0, 1/8, ..., 1 (tinydit.flow.distill)
 
 # The architecture switches of DiTConfig (tinydit.models.dit) and the values each takes.
@@ -164,11 +167,13 @@ RECOMMENDED_SAMPLING: dict[tuple[str, str, str], dict] = {
         "source": "docs/notes/sweeps.md: fid_fmnist_cnn 1.448 / 1.471 (2 seeds, 10,000 samples) with 20 "
                   "evaluations, the best measured on that checkpoint (2026-11-30)"},
     # The class signal in a shapes model's velocity is small (the shape kind changes few pixels; colours
-    # and place change many), so it takes strong guidance, kept off the last 30% of the path near the data.
+    # and place change many), so it takes strong guidance, kept to the noisy end of the path where the
+    # layout is decided: below t = 0.6 a large scale only paints the colour boundaries wrong.
     ("shapes", "dit-1.9m", "class"): {
-        "sampler": "ancestral", "steps": 64, "cfg_scale": 30.0, "cfg_interval": (0.3, 1.0),
-        "source": "docs/notes/shapes_diagnosis.md: read_shape draws the asked shape in 0.855 of 1,000 samples of the "
-                  "5-minute quick start, against 0.38 with Euler 32 at guidance 4 (2026-12-01)"},
+        "sampler": "ancestral", "steps": 64, "cfg_scale": 65.0, "cfg_interval": (0.6, 1.0),
+        "source": "docs/notes/shapes_diagnosis.md section 7: read_shape draws the asked shape in 0.84 of 400 samples "
+                  "of a 5-minute quick start with both colours on the palette in 0.86, against 0.80 / 0.70 at "
+                  "guidance 30 on [0.3, 1] (2026-12-01)"},
     ("shapes", "mmdit-2.3m", "text"): {
         "sampler": "ancestral", "steps": 64, "cfg_scale": 10.0, "cfg_interval": (0.3, 1.0),
         "source": "docs/text_to_image.md: all-attribute prompt adherence 0.912 / 0.907 (2 seeds), the best "
@@ -237,9 +242,10 @@ class TrainConfig:
     # (warmup-stable-decay). A run can be continued with other `steps`/`cooldown` until its decay starts.
     cooldown: int = 0
     # `minutes` runs: the learning rate falls linearly to 0 over this last share of the time budget. The
-    # step count is planned once from the measured rate (at PLAN_AT of the budget) and kept in the
-    # checkpoint, so a continuation follows the same schedule to the step.
-    cooldown_frac: float = 0.0
+    # step count is planned when the fall must begin, from the rate measured since PLAN_AT of the budget,
+    # and kept in the checkpoint, so a continuation follows the same schedule to the step. None:
+    # BUDGET_COOLDOWN_FRAC (0.2) for a `minutes` run without `cooldown`, else 0 (off).
+    cooldown_frac: float | None = None
     weight_decay: float = 0.0  # AdamW weight decay (DiT uses none)
     grad_clip: float = 1.0  # clip the global gradient norm to this (0 = off)
     ema_decay: float = 0.999  # EMA of the weights used for sampling; warmed up as min(d, (1+s)/(10+s))
@@ -264,7 +270,9 @@ class TrainConfig:
     seed: int = 0  # the one seed behind data order, flips, times, noise and initial weights
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     precision: str = "auto"  # auto | fp32 | bf16 | fp16 (CUDA only); auto = fastest measured on the device
-    compile: str = "auto"  # auto | on | off: torch.compile the training and sampling forward passes
+    # auto | on | off: torch.compile the training and sampling forward passes. auto: on CUDA, and on a CPU for
+    # a `minutes` run of at least 10 minutes (tinydit.runtime.COMPILE_CPU_MINUTES) with a C++ compiler
+    compile: str = "auto"
     log_every: int = 50  # steps between lines in metrics.jsonl
     val_every: int = 250  # steps between validation losses on the fixed held-out batch
     val_size: int = 512  # held-out images used for the validation loss
@@ -330,6 +338,8 @@ class TrainConfig:
         if self.cooldown and (self.steps is None or self.cooldown > self.steps):
             raise TinyDiTError(f"`cooldown` {self.cooldown} is a fall over the last {self.cooldown} of `steps`: give "
                                f"`steps` of at least {self.cooldown} (got {self.steps or 'none'})")  # fmt: skip
+        if self.cooldown_frac is None:
+            self.cooldown_frac = BUDGET_COOLDOWN_FRAC if self.minutes is not None and not self.cooldown else 0.0
         if not 0 <= self.cooldown_frac <= MAX_COOLDOWN_FRAC:
             raise TinyDiTError(f"`cooldown_frac` must be in [0, {MAX_COOLDOWN_FRAC}] (a share of the time budget), "
                                f"got {self.cooldown_frac}")  # fmt: skip

@@ -7,8 +7,9 @@ The defaults are what measured fastest (benchmarks/README.md):
   markedly faster than fp32 there, with attention written out as matmuls (``tinydit.models.attention``).
   CPUs without it emulate bf16 matmuls at a crawl, so there fp32 is the default.
 - ``torch.compile`` on CPU makes a training step faster, but compiling takes tens of seconds at the
-  start of a run, which only pays after minutes of training, and it needs a C++ compiler: off by
-  default, ``compile="on"`` for longer runs. The figures for both are in docs/speed.md.
+  start of a run, which only pays after minutes of training, and it needs a C++ compiler: ``auto``
+  compiles a CPU training run only when its time budget is at least ``COMPILE_CPU_MINUTES`` and a
+  compiler is found, and never for sampling. The figures for both are in docs/speed.md.
 - CUDA: bf16 autocast where supported, and ``torch.compile``.
 
 Master weights, gradients, optimizer state and the EMA stay in fp32 in every mode: autocast lowers the
@@ -20,7 +21,9 @@ the residual stream stays fp32.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import shutil
 import warnings
 from collections.abc import Callable, Iterator
 
@@ -29,8 +32,9 @@ from torch import nn
 
 from tinydit.errors import TinyDiTError
 
-__all__ = ["PRECISIONS", "COMPILE", "get_device", "resolve_device", "cpu_has_native_bf16", "resolve_precision",
-           "resolve_compile", "autocast", "make_grad_scaler", "maybe_compile", "KernelSwitch"]  # fmt: skip
+__all__ = ["PRECISIONS", "COMPILE", "COMPILE_CPU_MINUTES", "get_device", "resolve_device", "cpu_has_native_bf16",
+           "resolve_precision", "has_cxx_compiler", "resolve_compile", "autocast", "make_grad_scaler", "maybe_compile",
+           "KernelSwitch"]  # fmt: skip
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 COMPILE = ("auto", "on", "off")
@@ -127,12 +131,30 @@ def resolve_precision(name: str, device: torch.device) -> str:
     return name
 
 
-def resolve_compile(flag: str | bool, device: torch.device) -> bool:
-    """'auto' compiles on CUDA only: on CPU it gained too little to pay for its compilation time."""
+# A CPU training run with a time budget of at least this many minutes compiles under `auto`. Compiling
+# costs about a minute of the budget (the first step, the first sample grid, the validation batch) and
+# then each step is faster; measured in docs/speed.md (a 15-minute Fashion-MNIST run ends with more
+# steps compiled than eager, a 5-minute one gains too little to be worth a C++ toolchain's failure modes).
+COMPILE_CPU_MINUTES = 10.0
+
+
+def has_cxx_compiler() -> bool:
+    """Whether Inductor's CPU backend finds a C++ compiler (``$CXX``, else g++, c++ or clang++ on PATH)."""
+    names = [os.environ["CXX"]] if os.environ.get("CXX") else ["g++", "c++", "clang++"]
+    return any(shutil.which(n) for n in names)
+
+
+def resolve_compile(flag: str | bool, device: torch.device, minutes: float | None = None) -> bool:
+    """'auto' compiles on CUDA, and on CPU only a training run with a time budget (``minutes``) of at
+    least ``COMPILE_CPU_MINUTES`` where a C++ compiler is found: compiling costs about a minute, which a
+    shorter or open-ended CPU run (sampling, a `steps` run) is not measured to win back."""
     if isinstance(flag, bool):
         return flag
     if flag == "auto":
-        return device.type == "cuda"
+        if device.type == "cuda":
+            return True
+        return (device.type == "cpu" and minutes is not None and minutes >= COMPILE_CPU_MINUTES
+                and has_cxx_compiler())  # fmt: skip
     if flag in ("on", "off"):
         return flag == "on"
     raise TinyDiTError(f"`compile` must be auto, on or off; got {flag!r}")
@@ -161,4 +183,6 @@ def maybe_compile(model: nn.Module, enabled: bool) -> Callable[..., torch.Tensor
         for switch in _SWITCHES:  # probes run here, eagerly, so compiled code only reads their answers
             if switch.warm_up is not None:
                 switch.warm_up()
+        # Inductor's C++ toolchain lookup warns "No CUDA runtime is found" on every CPU-only machine.
+        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     return torch.compile(model)

@@ -47,6 +47,8 @@ def check_same_run(cfg: TrainConfig, state: dict, out: Path, data_name: str | No
         f"{name}: {getattr(old, name)!r} -> {getattr(cfg, name)!r}"
         for name in TRAJECTORY_FIELDS
         if name != "data" and getattr(old, name) != getattr(cfg, name)
+        # The cool-down's share of a time budget matters only once its plan is made (the decay begins then).
+        and not (name == "cooldown_frac" and state.get("plan") is None)
     ]
     if old_data != new_data:
         changed.insert(0, f"data: {old_data!r} -> {new_data!r}")

@@ -58,9 +58,9 @@ from tinydit.train.teacher import load_teacher, run_paths
 
 __all__ = ["Trainer", "TrainResult"]
 
-# A time-budget run plans to end at this share of its remaining time: in the 5-minute shapes run that
-# decided it, the rate fell by 11% after the plan was made (sample grids, validation), and the budget
-# is a promise. If the machine slows down more than that, the clock still ends the run, mid-cool-down.
+# A time-budget run plans to end at this share of the time left when its cool-down begins: the budget is
+# a promise, and the rate can still fall (a sample grid, the validation batch, a busy machine). If it
+# falls further than that, the clock still ends the run, mid-cool-down.
 PLAN_MARGIN = 0.9
 
 
@@ -100,7 +100,7 @@ class Trainer:
         self.device = self.world.device(resolve_device(cfg.device))
         main = self.world.main  # only rank 0 locks, writes and prints
         self.precision = resolve_precision(cfg.precision, self.device)
-        self.compiled = resolve_compile(cfg.compile, self.device)
+        self.compiled = resolve_compile(cfg.compile, self.device, cfg.minutes)
         if self.out.is_dir() and main:
             self.lock.acquire()
         self.teacher_state = None  # distillation: the student copies the teacher's preset and architecture
@@ -251,16 +251,39 @@ class Trainer:
                                "`overwrite`)")  # fmt: skip
         return None
 
-    def _make_plan(self, seconds: float) -> dict:
-        """The step count a `minutes` run will reach, from its rate so far (on every rank: rank 0's numbers)."""
+    def _steps_left(self, seconds: float) -> tuple[int, float]:
+        """(steps the time left holds at the rate measured since the start-up, that rate in steps/s).
+
+        The rate is measured from the first step after PLAN_AT of the budget has passed in this process
+        (compilation, caching and the first grid come before), or over the whole process until then.
+        """
         cfg = self.cfg
-        rate = self.step / max(seconds, 1e-9)  # steps per second of training, start-up included
-        total = self.step + int((cfg.minutes * 60 - seconds) * rate * PLAN_MARGIN)
-        total = min(total, cfg.steps) if cfg.steps is not None else total
-        cooldown = min(max(1, round(cfg.cooldown_frac * total)), total - self.step)
-        mine = torch.tensor([total, cooldown] if self.world.main else [0, 0])
+        if self._rate_from is None and seconds - self._seconds_at_start >= PLAN_AT * cfg.minutes * 60:
+            self._rate_from = (self.step, seconds)
+        step0, seconds0 = self._rate_from or (self._step_at_start, self._seconds_at_start)
+        if self.step == step0:  # the measurement has only just begun: the whole process's rate until then
+            step0, seconds0 = self._step_at_start, self._seconds_at_start
+        rate = (self.step - step0) / max(seconds - seconds0, 1e-9)
+        left = int((cfg.minutes * 60 - seconds) * rate * PLAN_MARGIN)
+        return (min(left, cfg.steps - self.step) if cfg.steps is not None else left), rate
+
+    def _cooldown_due(self, seconds: float) -> bool:
+        """Whether the steps left are now the cool-down's share of the run: its decay must begin."""
+        left, _ = self._steps_left(seconds)
+        return self.step > self._step_at_start and left <= self.cfg.cooldown_frac * (self.step + left)
+
+    def _make_plan(self, seconds: float) -> dict:
+        """The plan of a `minutes` run whose cool-down begins now: the step count the time left reaches at
+        the measured rate, the last ``cooldown`` of them falling (on every rank: rank 0's numbers).
+
+        Planning as late as the decay allows uses the best measured rate; the steps before it do not
+        depend on the plan (the rate is constant), so a continuation before it simply plans again.
+        """
+        left, rate = self._steps_left(seconds)
+        left = max(left, 1)
+        mine = torch.tensor([self.step + left, left] if self.world.main else [0, 0])
         total, cooldown = (int(v) for v in self.world.sum(mine).tolist())
-        return {"minutes": cfg.minutes, "steps": total, "cooldown": cooldown, "planned_at": self.step,
+        return {"minutes": self.cfg.minutes, "steps": total, "cooldown": cooldown, "planned_at": self.step,
                 "steps_per_second": round(rate, 3)}
 
     def batch_indices(self, step: int) -> torch.Tensor:
@@ -428,6 +451,9 @@ class Trainer:
             log.say(f"{self.out}: already trained to step {self.step}; raise --steps or --minutes to continue")
             return TrainResult(self.step, self.train_seconds, None, None, self.ckpt_path, None)
         log.announce(self.step, self.out, self.cfg, self.data, count_params(self.model), self.device)
+        if self.compiled and cfg.compile == "auto" and self.device.type == "cpu":
+            log.say(f"compiling the model: a CPU run of {cfg.minutes:g} minutes wins back the first minute it "
+                    "takes (--compile off to skip)")
         log.start(cfg.steps, self.step)
         self.model.train()
         loss_sum, loss_n = torch.zeros((), device=self.device), 0  # summed on the device: no sync per step
@@ -435,6 +461,8 @@ class Trainer:
         val = val_ema = samples = None
         by_t: list[float] = []
         world, main = self.world, self.world.main
+        # The time budget's rate is measured in this process, after its start-up (see _steps_left).
+        self._step_at_start, self._seconds_at_start, self._rate_from = self.step, self._seconds(started), None
         with GracefulInterrupt() as interrupt:
             done = stop = False
             while not stop:
@@ -446,7 +474,7 @@ class Trainer:
                 # Rank 0's clock is the run's: it alone spends time on validation, grids and evaluation.
                 done = self._done(started) if main else self._steps_done()
                 plan = (main and cfg.cooldown_frac > 0 and self.plan is None
-                        and self._seconds(started) >= PLAN_AT * cfg.minutes * 60)  # fmt: skip
+                        and self._cooldown_due(self._seconds(started)))  # fmt: skip
                 done, interrupt.requested, plan = world.any(done, interrupt.requested, plan)
                 if plan:
                     self.plan = self._make_plan(self._seconds(started))
