@@ -132,9 +132,9 @@ def resolve_precision(name: str, device: torch.device) -> str:
 
 
 # A CPU training run with a time budget of at least this many minutes compiles under `auto`. Compiling
-# costs about a minute of the budget (the first step, the first sample grid, the validation batch) and
-# then each step is faster; measured in docs/speed.md (a 15-minute Fashion-MNIST run ends with more
-# steps compiled than eager, a 5-minute one gains too little to be worth a C++ toolchain's failure modes).
+# costs tens of seconds of the budget (the first step, the first sample grid, the validation batch) and
+# then each step is faster: a 15-minute Fashion-MNIST run ended with the most steps compiled
+# (docs/notes/schedules.md); a 5-minute one would gain too little to be worth a C++ toolchain's failure modes.
 COMPILE_CPU_MINUTES = 10.0
 
 
