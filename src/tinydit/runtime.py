@@ -146,7 +146,7 @@ def has_cxx_compiler() -> bool:
 
 def resolve_compile(flag: str | bool, device: torch.device, minutes: float | None = None) -> bool:
     """'auto' compiles on CUDA, and on CPU only a training run with a time budget (``minutes``) of at
-    least ``COMPILE_CPU_MINUTES`` where a C++ compiler is found: compiling costs about a minute, which a
+    least ``COMPILE_CPU_MINUTES`` where a C++ compiler is found: compiling costs tens of seconds, which a
     shorter or open-ended CPU run (sampling, a `steps` run) is not measured to win back."""
     if isinstance(flag, bool):
         return flag

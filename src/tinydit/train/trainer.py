@@ -267,24 +267,27 @@ class Trainer:
         left = int((cfg.minutes * 60 - seconds) * rate * PLAN_MARGIN)
         return (min(left, cfg.steps - self.step) if cfg.steps is not None else left), rate
 
-    def _cooldown_due(self, seconds: float) -> bool:
-        """Whether the steps left are now the cool-down's share of the run: its decay must begin."""
-        left, _ = self._steps_left(seconds)
-        return self.step > self._step_at_start and left <= self.cfg.cooldown_frac * (self.step + left)
-
-    def _make_plan(self, seconds: float) -> dict:
-        """The plan of a `minutes` run whose cool-down begins now: the step count the time left reaches at
-        the measured rate, the last ``cooldown`` of them falling (on every rank: rank 0's numbers).
+    def _due_plan(self, seconds: float) -> dict | None:
+        """Rank 0's plan of a `minutes` run, made when the steps left are the cool-down's share of the run
+        (the decay begins at the next step), else None: the step count the time left reaches at the
+        measured rate, the last ``cooldown`` of them falling.
 
         Planning as late as the decay allows uses the best measured rate; the steps before it do not
         depend on the plan (the rate is constant), so a continuation before it simply plans again.
         """
         left, rate = self._steps_left(seconds)
+        if self.step == self._step_at_start or left > self.cfg.cooldown_frac * (self.step + left):
+            return None
         left = max(left, 1)
-        mine = torch.tensor([self.step + left, left] if self.world.main else [0, 0])
-        total, cooldown = (int(v) for v in self.world.sum(mine).tolist())
-        return {"minutes": self.cfg.minutes, "steps": total, "cooldown": cooldown, "planned_at": self.step,
+        return {"minutes": self.cfg.minutes, "steps": self.step + left, "cooldown": left, "planned_at": self.step,
                 "steps_per_second": round(rate, 3)}
+
+    def _agree_plan(self, due: dict | None) -> dict:
+        """Every rank's copy of rank 0's plan (``due`` is None on the other ranks)."""
+        mine = torch.tensor([due["steps"], due["cooldown"]] if due is not None else [0, 0])
+        total, cooldown = (int(v) for v in self.world.sum(mine).tolist())
+        return {**(due or {"minutes": self.cfg.minutes, "steps_per_second": None}), "steps": total,
+                "cooldown": cooldown, "planned_at": self.step}
 
     def batch_indices(self, step: int) -> torch.Tensor:
         epoch, i = divmod(step, self.steps_per_epoch)
@@ -473,11 +476,12 @@ class Trainer:
                 # One decision for all ranks: their clocks and signals differ, their steps must not.
                 # Rank 0's clock is the run's: it alone spends time on validation, grids and evaluation.
                 done = self._done(started) if main else self._steps_done()
-                plan = (main and cfg.cooldown_frac > 0 and self.plan is None
-                        and self._cooldown_due(self._seconds(started)))  # fmt: skip
-                done, interrupt.requested, plan = world.any(done, interrupt.requested, plan)
+                due = None
+                if main and cfg.cooldown_frac > 0 and self.plan is None:
+                    due = self._due_plan(self._seconds(started))
+                done, interrupt.requested, plan = world.any(done, interrupt.requested, due is not None)
                 if plan:
-                    self.plan = self._make_plan(self._seconds(started))
+                    self.plan = self._agree_plan(due)
                     log.record({"step": s, "plan": self.plan})
                 stop = done or interrupt.requested
                 if s % cfg.log_every == 0 or stop:
