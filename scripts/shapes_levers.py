@@ -5,6 +5,7 @@
         --set t_shift=2.2
     python scripts/shapes_levers.py --out /tmp/levers/large --set steps=1750 --variant size=large
     python scripts/shapes_levers.py --score-only --out /tmp/levers/ln --sample ancestral:64:10:0.3-1
+    python scripts/shapes_levers.py --calibrate        # the scores of real images: how strict the reader is
 
 Training is `tinydit train --data shapes` (the default preset, precision and everything else) with each
 ``--set FIELD=VALUE`` applied to its TrainConfig; runs compared against each other use ``steps`` rather
@@ -56,6 +57,35 @@ def score(checkpoint: Path, n: int, spec: str) -> dict:
             "palette": round(float(near.mean()), 3)}  # fmt: skip
 
 
+def calibrate(n: int) -> list[dict]:
+    """The scores of real held-out images as they are, with Gaussian noise of std 0.1 (model units, 12.75/255)
+    and with random labels: what a perfect generator, a noisy one and one that ignores the class would get."""
+    import torch
+
+    from tinydit.data.shapes import _PALETTE, SHAPES, ShapesDataset, read_shape
+    from tinydit.eval.features import extract, load_feature_net
+    from tinydit.images import from_uint8, to_uint8
+
+    test = ShapesDataset(n=n, train=False)
+    g = torch.Generator().manual_seed(0)
+    x = from_uint8(test.images)  # (N, 3, H, W) in [-1, 1]
+    noisy = to_uint8(x + 0.1 * torch.randn(x.shape, generator=g))
+    shuffled = torch.randint(len(SHAPES), (n,), generator=g)
+    net, _ = load_feature_net("shapes_cnn")
+    rows = []
+    for name, u8, labels in (("real", test.images, test.labels), ("real + noise std 0.1", noisy, test.labels),
+                             ("real, random labels", test.images, shuffled)):
+        hits = [read_shape(img)["shape"] == SHAPES[int(c)] for img, c in zip(u8.numpy(), labels, strict=True)]
+        pix = u8.permute(0, 2, 3, 1).reshape(n, -1, 3).float().numpy()
+        near = np.linalg.norm(pix[:, :, None, :] - _PALETTE[None, None], axis=-1).min(-1) < 40
+        _, pred = extract(net, u8)
+        rows.append({"images": name, "n": n, "shape": round(float(np.mean(hits)), 3),
+                     "colours": round(float(np.mean([on_palette(img) for img in u8.numpy()])), 3),
+                     "palette": round(float(near.mean()), 3),
+                     "shapes_cnn": round(float((pred == labels).float().mean()), 3)})
+    return rows
+
+
 def on_palette(img: np.ndarray) -> bool:
     """Whether an image's background (its border's median) and its shape (the median of the pixels
     far from the background) are both within 40/255 (RGB distance) of a palette colour."""
@@ -74,21 +104,30 @@ def on_palette(img: np.ndarray) -> bool:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True, help="the run directory")
+    p.add_argument("--out", help="the run directory")
+    p.add_argument("--calibrate", action="store_true", help="score real test images (clean, noisy, mislabelled)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="a TrainConfig field")
     p.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE",
-                   help="train on a variant of shapes: n_colors, bg, size (small|large), jitter (0-1)")
+                   help="train on a variant of shapes: n_colors, bg, size (small|large), jitter (0-1), "
+                        "small/large (size range LO-HI in px at 32)")
     p.add_argument("--sample", action="append", default=None, metavar="SAMPLER:STEPS:GUIDANCE[:LO-HI]")
     p.add_argument("--n", type=int, default=400, help="samples per --sample (class-balanced)")
     p.add_argument("--score-only", action="store_true", help="score the checkpoint already in --out")
     args = p.parse_args()
+    if args.calibrate:
+        for row in calibrate(args.n):
+            print(json.dumps(row), flush=True)
+        return
+    if not args.out:
+        p.error("--out is required unless --calibrate is given")
     out = Path(args.out)
     if not args.score_only:
         variant = {k: parse_value(v) for k, v in (a.split("=", 1) for a in args.variant)}
         if variant:
             from shapes_probe import make_variant
 
-            make_variant(variant.get("n_colors"), variant.get("bg"), variant.get("size"), variant.get("jitter", 1.0))
+            make_variant(variant.get("n_colors"), variant.get("bg"), variant.get("size"), variant.get("jitter", 1.0),
+                         variant.get("small"), variant.get("large"))
         from tinydit.config import TrainConfig
         from tinydit.train import Trainer
 

@@ -25,9 +25,17 @@ from tinydit.images import save_grid, to_uint8
 from tinydit.train import Trainer
 
 
-def make_variant(n_colors: int | None, fixed_bg: str | None, size: str | None, jitter: float = 1.0):
-    """A simpler shapes variant for experiments: fewer colours, one background, one size class."""
+def make_variant(n_colors: int | None, fixed_bg: str | None, size: str | None, jitter: float = 1.0,
+                 small: str | None = None, large: str | None = None):
+    """A simpler shapes variant for experiments: fewer colours, one background, one size class, or other
+    size ranges (``small``/``large`` as "LO-HI", px at 32 px)."""
     from tinydit.data import shapes as S
+
+    ranges = dict(S._SIZE_RANGES)
+    for key, text in (("small", small), ("large", large)):
+        if text is not None:
+            lo, hi = (float(v) / 32 for v in str(text).split("-"))
+            ranges[key] = (lo, hi)
 
     names = list(S._COLOR_NAMES)
     fg_names = [c for c in names if c != fixed_bg][: n_colors or len(names)]
@@ -48,8 +56,8 @@ def make_variant(n_colors: int | None, fixed_bg: str | None, size: str | None, j
             c = np.minimum((u[:, 1] * k).astype(np.int64), k - 1)
             fg, bg = [fg_names[i] for i in c], [fixed_bg] * n
         large = u[:, 3] >= 0.5 if size is None else np.full(n, size == "large")
-        lo = np.where(large, S._SIZE_RANGES["large"][0], S._SIZE_RANGES["small"][0]) * img_size
-        hi = np.where(large, S._SIZE_RANGES["large"][1], S._SIZE_RANGES["small"][1]) * img_size
+        lo = np.where(large, ranges["large"][0], ranges["small"][0]) * img_size
+        hi = np.where(large, ranges["large"][1], ranges["small"][1]) * img_size
         sizes = lo + u[:, 4] * (hi - lo)
         span = img_size - 2 * S._MARGIN - sizes
         u5, u6 = 0.5 + jitter * (u[:, 5] - 0.5), 0.5 + jitter * (u[:, 6] - 0.5)  # jitter 0: centred

@@ -1,6 +1,6 @@
 import torch
 
-from tinydit.data.shapes import SHAPES, render_shape
+from tinydit.data.shapes import COLORS, SHAPES, render_shape
 from tinydit.eval.adherence import confusion_table, score, shape_confusion
 
 
@@ -23,8 +23,8 @@ def test_rendered_prompts_score_one_and_a_wrong_shape_scores_zero_on_shape_only(
 
 
 def test_shape_confusion_counts_how_each_prompted_shape_reads_back():
-    attrs = [{"shape": s, "color": "white", "background": "black"} for s in SHAPES]
-    blank = torch.full((1, 3, 32, 32), 20, dtype=torch.uint8)  # background only: no foreground found
+    attrs = [{"shape": s, "color": "yellow", "background": "blue"} for s in SHAPES]
+    blank = torch.tensor(COLORS["blue"], dtype=torch.uint8).view(1, 3, 1, 1).expand(1, 3, 32, 32)  # no foreground
     images = torch.cat([_render(attrs), _render(attrs[:1]), blank])
     asked = [*attrs, {**attrs[0], "shape": "square"}, {**attrs[0], "shape": "cross"}]
     table = shape_confusion(images, asked)

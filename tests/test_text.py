@@ -20,8 +20,8 @@ SHAPES_CAPTIONS = ShapesDataset(n=300).captions
 
 def test_tokenizer_round_trip_on_the_shapes_captions():
     tok = Tokenizer.from_captions(SHAPES_CAPTIONS)
-    # 4 shapes, 8 colours and "a", "on", "background"; the 3 special ids come first.
-    assert len(tok.vocab) == 15 and tok.vocab_size == 18 and tok.max_len == 1 + 7
+    # 4 shapes, 6 colours and "a", "on", "background"; the 3 special ids come first.
+    assert len(tok.vocab) == 13 and tok.vocab_size == 16 and tok.max_len == 1 + 7
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the training captions hold no unknown word
         ids = tok.encode(SHAPES_CAPTIONS)

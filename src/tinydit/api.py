@@ -317,8 +317,8 @@ def report(run_dir: str | Path) -> Path:
     return write_run_report(run_dir)
 
 
-# The shapes captions' tokenizer (18 ids, 8 per caption), for the text models' parameter counts.
-_SHAPES_TEXT = dict(cond="text", vocab_size=18, text_len=8, n_classes=4)
+# The shapes captions' tokenizer (16 ids, 8 per caption), for the text models' parameter counts.
+_SHAPES_TEXT = dict(cond="text", vocab_size=16, text_len=8, n_classes=4)
 
 
 def presets() -> list[dict]:

@@ -44,6 +44,11 @@ MAX_COOLDOWN_FRAC = 0.8
 # `minutes` runs let the learning rate fall over this last share of the budget unless told otherwise:
 # measured at 5 (shapes) and 15 minutes (Fashion-MNIST) in docs/notes/schedules.md.
 BUDGET_COOLDOWN_FRAC = 0.2
+# The default batch per data set, else 128. On 2 CPU cores a batch-64 step takes little more than half a
+# batch-128 one, so five minutes hold 1.84x the steps: on shapes the EMA validation loss fell from 0.203 to
+# 0.175 and crosses stopped turning into triangles; a 15-minute Fashion-MNIST run at 64 scored a worse
+# fid_fmnist_cnn (0.890 against 0.657; docs/notes/shapes_diagnosis.md section 8, docs/notes/schedules.md).
+DEFAULT_BATCH_SIZES = {"shapes": 64}
 KNOTS = 8  # distillation: the teacher's path is kept at t = 0, 1/8, ..., 1 (tinydit.flow.distill)
 
 # The architecture switches of DiTConfig (tinydit.models.dit) and the values each takes.
@@ -72,10 +77,10 @@ DIT_PRESETS: dict[str, dict] = {
     "dit-32m": dict(dim=384, depth=12, n_heads=6, patch_size=2, pred="auto"),  # GPU: 256 tokens per 32x32 image
 }
 
-# Names carry the real parameter count, measured for 32x32 RGB shapes with its caption tokenizer (18 ids,
+# Names carry the real parameter count, measured for 32x32 RGB shapes with its caption tokenizer (16 ids,
 # L = 8; tests/test_mmdit.py checks each). A joint block holds the weights of two DiT blocks, so
 # mmdit-2.3m (2 joint + 2 single-stream blocks) has exactly the parameters of dit-1.9m with the same
-# text encoder (2,318,640 each): the pair benchmarks/text_to_image.py compares. mmdit-2.1m is SD3's
+# text encoder (2,318,384 each): the pair benchmarks/text_to_image.py compares. mmdit-2.1m is SD3's
 # all-joint trunk, one block shorter.
 MMDIT_PRESETS: dict[str, dict] = {
     "mmdit-0.2m": dict(dim=64, depth=1, n_heads=2, patch_size=4, text_depth=1, pred="auto"),  # smoke tests
@@ -168,12 +173,12 @@ RECOMMENDED_SAMPLING: dict[tuple[str, str, str], dict] = {
                   "evaluations, the best measured on that checkpoint (2026-11-30)"},
     # The class signal in a shapes model's velocity is small (the shape kind changes few pixels; colours
     # and place change many), so it takes strong guidance, kept to the noisy end of the path where the
-    # layout is decided: below t = 0.6 a large scale only paints the colour boundaries wrong.
+    # layout is decided: below t = 0.7 a large scale paints the colour boundaries wrong and inflates the shapes.
     ("shapes", "dit-1.9m", "class"): {
-        "sampler": "ancestral", "steps": 64, "cfg_scale": 65.0, "cfg_interval": (0.6, 1.0),
-        "source": "docs/notes/shapes_diagnosis.md section 7: read_shape draws the asked shape in 0.84 of 400 samples "
-                  "of a 5-minute quick start with both colours on the palette in 0.86, against 0.80 / 0.70 at "
-                  "guidance 30 on [0.3, 1] (2026-12-01)"},
+        "sampler": "ancestral", "steps": 64, "cfg_scale": 40.0, "cfg_interval": (0.7, 1.0),
+        "source": "docs/notes/shapes_diagnosis.md section 8: read_shape draws the asked shape in 0.89 of 400 samples "
+                  "of a 5-minute batch-64 run on render version 2 with both colours on the palette in 0.96, the "
+                  "best of 9 settings (2026-12-01)"},
     ("shapes", "mmdit-2.3m", "text"): {
         "sampler": "ancestral", "steps": 64, "cfg_scale": 10.0, "cfg_interval": (0.3, 1.0),
         "source": "docs/text_to_image.md: all-attribute prompt adherence 0.912 / 0.907 (2 seeds), the best "
@@ -235,7 +240,8 @@ class TrainConfig:
     pred: str | None = None  # v | x: what the network outputs (see DiTConfig.pred); None keeps the preset's
     steps: int | None = None  # stop after this many optimizer steps ...
     minutes: float | None = None  # ... or after this much training wall time, whichever comes first
-    batch_size: int = 128  # images per optimizer step
+    # Images per optimizer step (the global batch). None: DEFAULT_BATCH_SIZES for the data, else 128.
+    batch_size: int | None = None
     lr: float = 1e-3  # AdamW peak learning rate (constant after warm-up, as in DiT)
     warmup: int = 100  # linear learning-rate warm-up, in steps
     # Linear decay of the learning rate to 0 over the last ``cooldown`` steps of a `steps` run
@@ -316,6 +322,8 @@ class TrainConfig:
             self.t_sampling = "logit-normal" if self.cond == "text" or rgb_class else "uniform"
         if self.t_shift is None:
             self.t_shift = NOISEWARD_SHIFT if rgb_class else 1.0
+        if self.batch_size is None:
+            self.batch_size = DEFAULT_BATCH_SIZES.get(canonical_name(self.data), 128)
         if self.steps is None and self.minutes is None:
             self.steps = 2000
         if self.steps is not None and self.steps < 1:

@@ -2,9 +2,14 @@
 
 Each image is a small RGB picture (default 32x32) of one coloured shape (circle,
 square, upward triangle or plus-shaped cross) on a plain background of a different
-colour. Colours come from a fixed palette of 8 inset corners of the RGB cube, so
-they are far apart and can be read back from pixels reliably, which lets
+colour. Colours come from a fixed palette of the 6 saturated inset corners of the RGB
+cube, so they are far apart and can be read back from pixels reliably, which lets
 ``read_shape`` score generated samples (shape / colour / background accuracy).
+
+Render version 2 (2026-12-01) dropped white and black from the palette and raised the
+smallest size from 9 to 12 px: a five-minute CPU model drew speckle on white and black
+backgrounds and could not draw the smallest crosses through 4x4 patches
+(docs/notes/shapes_diagnosis.md section 8).
 
 Everything is deterministic per seed: ``make_shapes(n, seed)`` draws a fixed row
 of uniforms per image, so image ``i`` does not depend on ``n``. The class label is
@@ -25,7 +30,7 @@ __all__ = ["GRID_PROMPTS", "SHAPES", "COLORS", "SIZES", "RENDER_VERSION", "rende
            "read_shape", "ShapesDataset"]  # fmt: skip
 
 SHAPES = ("circle", "square", "triangle", "cross")
-RENDER_VERSION = 1  # bump whenever rendering changes: cached reference features are keyed on it
+RENDER_VERSION = 2  # bump whenever rendering changes: cached reference features are keyed on it
 COLORS: dict[str, tuple[int, int, int]] = {
     "red": (220, 30, 30),
     "green": (30, 220, 30),
@@ -33,15 +38,14 @@ COLORS: dict[str, tuple[int, int, int]] = {
     "yellow": (220, 220, 30),
     "cyan": (30, 220, 220),
     "magenta": (220, 30, 220),
-    "white": (235, 235, 235),
-    "black": (20, 20, 20),
 }
 SIZES = ("small", "large")
 
 _COLOR_NAMES = tuple(COLORS)
-_PALETTE = np.array([COLORS[c] for c in _COLOR_NAMES], dtype=np.float32)  # (8, 3)
-# Size ranges as fractions of the image side (9-13 px and 15-21 px at 32 px).
-_SIZE_RANGES = {"small": (9 / 32, 13 / 32), "large": (15 / 32, 21 / 32)}
+_PALETTE = np.array([COLORS[c] for c in _COLOR_NAMES], dtype=np.float32)  # (6, 3)
+# Size ranges as fractions of the image side (12-16 px and 17-23 px at 32 px): a small cross's arms
+# are at least 4 px wide, one patch of the CPU presets.
+_SIZE_RANGES = {"small": (12 / 32, 16 / 32), "large": (17 / 32, 23 / 32)}
 _MARGIN = 1.0  # px kept free between the shape and the image border
 # Shape prototypes in feature space (fill ratio of the box, bottom-minus-top mass fraction,
 # corner occupancy), measured on clean renders: the estimators are biased for small
@@ -55,11 +59,11 @@ _WEIGHTS = np.array([0.5, 1.0, 1.0])
 # held out by default (tinydit.config.SHAPES_HOLDOUT) in the last rows.
 GRID_PROMPTS = (
     "a red circle on a blue background",
-    "a green square on a black background",
+    "a green square on a magenta background",
     "a yellow triangle on a magenta background",
-    "a white cross on a red background",
+    "a cyan cross on a red background",
     "a cyan circle on a yellow background",
-    "a blue square on a white background",
+    "a blue square on a green background",
     "a red triangle on a green background",
     "a blue circle on a yellow background",
 )
@@ -121,7 +125,7 @@ def make_shapes(n: int, seed: int = 0, img_size: int = 32) -> tuple[np.ndarray, 
     kinds = np.minimum((u[:, 0] * len(SHAPES)).astype(np.int64), len(SHAPES) - 1)
     ncol = len(_COLOR_NAMES)
     colors = np.minimum((u[:, 1] * ncol).astype(np.int64), ncol - 1)
-    # Offset of 1..7 from the colour guarantees a different, uniformly chosen background.
+    # An offset of 1..ncol-1 from the colour guarantees a different, uniformly chosen background.
     backs = (colors + 1 + np.minimum((u[:, 2] * (ncol - 1)).astype(np.int64), ncol - 2)) % ncol
     large = u[:, 3] >= 0.5
     lo = np.where(large, _SIZE_RANGES["large"][0], _SIZE_RANGES["small"][0]) * img_size
