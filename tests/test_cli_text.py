@@ -70,8 +70,8 @@ def test_eval_reports_prompt_adherence_seen_and_held_out(text_run, tmp_path, cap
                      "--cache-dir", eval_cache], capsys)  # fmt: skip
     assert code == 0, err
     metrics = json.loads((tmp_path / "ev" / "metrics.json").read_text())
-    # 64 prompts: every (colour, shape) pair twice, so red triangles and blue circles 2 times each.
-    assert metrics["adherence_n_held_out"] == 4 and metrics["adherence_n_seen"] == 60
+    # 64 prompts: the 24 (colour, shape) pairs in turn, 2 or 3 times each; red triangles and blue circles 3 times.
+    assert metrics["adherence_n_held_out"] == 6 and metrics["adherence_n_seen"] == 58
     assert metrics["adherence_holdout"] == "red triangle,blue circle"
     for group in ("seen", "held_out", "all"):
         for attr in ("shape", "color", "background", "all"):

@@ -312,3 +312,18 @@ def test_a_class_filter_trains_on_those_classes_relabelled_in_the_order_given(tm
     assert main(["train", "--data", "shapes", "--classes", "hexagon", "--out", tmp_path / "bad"]) == 2
     err = capsys.readouterr().err
     assert "unknown class 'hexagon' in --classes: the data has circle, square, triangle, cross" in err
+
+
+def test_batch_size_defaults_by_data_and_is_written_down(tmp_path):
+    """None resolves per data set (DEFAULT_BATCH_SIZES: 64 on shapes, else 128); a given batch stays, and the
+    resolved one is what config.json records, so a continuation compares like with like."""
+    from tinydit.config import DEFAULT_BATCH_SIZES, TrainConfig
+
+    assert DEFAULT_BATCH_SIZES["shapes"] == 64
+    assert TrainConfig().batch_size == TrainConfig(data="shapes", model="mmdit").batch_size == 64
+    assert TrainConfig(data="fashion-mnist").batch_size == TrainConfig(data="cifar10").batch_size == 128
+    assert TrainConfig(data=str(tmp_path)).batch_size == 128  # an image folder
+    assert TrainConfig(batch_size=32).batch_size == 32
+    assert TrainConfig.from_dict(TrainConfig().to_dict()).batch_size == 64
+    with pytest.raises(TinyDiTError, match="batch_size must be >= 1"):
+        TrainConfig(batch_size=0)

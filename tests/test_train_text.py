@@ -62,7 +62,7 @@ def test_held_out_combinations_are_never_trained_on_and_everything_is_recorded(t
     assert config["text"]["holdout"] == list(phrases) and config["text"]["held_out_images"] == trainer.n_held_out
     state = load_checkpoint(tmp_path / "checkpoint.pt")
     model, _ = load_model(state)
-    assert isinstance(model, MMDiT) and model.config.vocab_size == 18
+    assert isinstance(model, MMDiT) and model.config.vocab_size == 16
     assert tokenizer_of(state) == trainer.tokenizer and "red" in tokenizer_of(state).vocab  # words seen apart
     held_prompts = ["a red triangle on a green background", "a blue circle on a yellow background"]
     assert state["data"]["prompts"][-2:] == held_prompts

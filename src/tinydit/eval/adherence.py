@@ -7,8 +7,8 @@ reported separately for prompts the model has seen combinations of and for promp
 combination that was held out of training (``TrainConfig.holdout``, e.g. every "red triangle"): how
 well the model composes words it only saw apart (compositional generalisation).
 
-The prompt lists are fixed: every shape x colour x background combination (4 x 8 x 7 = 224), ordered
-so that every 32 consecutive prompts hold each (colour, shape) pair once. On real renders the reader
+The prompt lists are fixed: every shape x colour x background combination (4 x 6 x 5 = 120 on render
+version 2), ordered so that every 24 consecutive prompts hold each (colour, shape) pair once. On real renders the reader
 gets all three attributes right at least 99% of the time, and 95% with pixel noise
 (tests/test_shapes.py), so the scores measure the model far more than the reader.
 """
@@ -31,13 +31,13 @@ ATTRIBUTES = ("shape", "color", "background")
 GROUPS = ("seen", "held_out", "all")
 
 def combinations(holdout: Sequence[str] = (), which: str = "all") -> list[dict]:
-    """The 224 attribute dicts {shape, color, background} in a fixed order (shape fastest, then colour,
+    """The 120 attribute dicts {shape, color, background} in a fixed order (shape fastest, then colour,
     then the background's offset from the colour), filtered to ``which``: all | seen | held_out."""
     colors = list(COLORS)
     out = []
     for k in range(len(SHAPES) * len(colors) * (len(colors) - 1)):
         c = (k // len(SHAPES)) % len(colors)
-        offset = 1 + k // (len(SHAPES) * len(colors))  # 1..7: the background is never the shape's colour
+        offset = 1 + k // (len(SHAPES) * len(colors))  # 1..5: the background is never the shape's colour
         attrs = {"shape": SHAPES[k % len(SHAPES)], "color": colors[c], "background": colors[(c + offset) % len(colors)]}
         held = holds_phrase(caption(attrs), holdout)
         if which == "all" or (which == "held_out") == held:
