@@ -39,7 +39,7 @@ def parse_value(text: str):
 
 def score(checkpoint: Path, n: int, spec: str) -> dict:
     from tinydit import api
-    from tinydit.data.shapes import _PALETTE, SHAPES, read_shape
+    from tinydit.data.shapes import SHAPES, read_shape
     from tinydit.images import to_uint8
 
     parts = spec.split(":")
@@ -50,11 +50,17 @@ def score(checkpoint: Path, n: int, spec: str) -> dict:
     res = api.sample(checkpoint, n, sampler=parts[0], steps=int(parts[1]), cfg_scale=float(parts[2]), **options)
     u8 = to_uint8(res.x)  # (N, 3, H, W), as a saved PNG would be
     hits = [read_shape(img)["shape"] == SHAPES[int(c)] for img, c in zip(u8, res.labels, strict=True)]
-    pix = u8.permute(0, 2, 3, 1).reshape(n, -1, 3).float().numpy()
-    near = np.linalg.norm(pix[:, :, None, :] - _PALETTE[None, None], axis=-1).min(-1) < 40
     return {"sample": spec, "nfe": res.nfe, "shape": round(float(np.mean(hits)), 3),
             "colours": round(float(np.mean([on_palette(img) for img in u8.numpy()])), 3),
-            "palette": round(float(near.mean()), 3)}  # fmt: skip
+            "palette": round(palette_share(u8), 3)}  # fmt: skip
+
+
+def palette_share(u8) -> float:
+    """The share of pixels of uint8 images (N, 3, H, W) within 40/255 (RGB distance) of a palette colour."""
+    from tinydit.data.shapes import _PALETTE
+
+    pix = u8.permute(0, 2, 3, 1).reshape(len(u8), -1, 3).float().numpy()
+    return float((np.linalg.norm(pix[:, :, None, :] - _PALETTE[None, None], axis=-1).min(-1) < 40).mean())
 
 
 def calibrate(n: int) -> list[dict]:
@@ -62,7 +68,7 @@ def calibrate(n: int) -> list[dict]:
     and with random labels: what a perfect generator, a noisy one and one that ignores the class would get."""
     import torch
 
-    from tinydit.data.shapes import _PALETTE, SHAPES, ShapesDataset, read_shape
+    from tinydit.data.shapes import SHAPES, ShapesDataset, read_shape
     from tinydit.eval.features import extract, load_feature_net
     from tinydit.images import from_uint8, to_uint8
 
@@ -76,12 +82,10 @@ def calibrate(n: int) -> list[dict]:
     for name, u8, labels in (("real", test.images, test.labels), ("real + noise std 0.1", noisy, test.labels),
                              ("real, random labels", test.images, shuffled)):
         hits = [read_shape(img)["shape"] == SHAPES[int(c)] for img, c in zip(u8.numpy(), labels, strict=True)]
-        pix = u8.permute(0, 2, 3, 1).reshape(n, -1, 3).float().numpy()
-        near = np.linalg.norm(pix[:, :, None, :] - _PALETTE[None, None], axis=-1).min(-1) < 40
         _, pred = extract(net, u8)
         rows.append({"images": name, "n": n, "shape": round(float(np.mean(hits)), 3),
                      "colours": round(float(np.mean([on_palette(img) for img in u8.numpy()])), 3),
-                     "palette": round(float(near.mean()), 3),
+                     "palette": round(palette_share(u8), 3),
                      "shapes_cnn": round(float((pred == labels).float().mean()), 3)})
     return rows
 

@@ -178,7 +178,7 @@ RECOMMENDED_SAMPLING: dict[tuple[str, str, str], dict] = {
         "sampler": "ancestral", "steps": 64, "cfg_scale": 40.0, "cfg_interval": (0.7, 1.0),
         "source": "docs/notes/shapes_diagnosis.md section 8: read_shape draws the asked shape in 0.89 of 400 samples "
                   "of a 5-minute batch-64 run on render version 2 with both colours on the palette in 0.96, the "
-                  "best of 9 settings (2026-12-01)"},
+                  "best of 11 settings (2026-12-01)"},
     ("shapes", "mmdit-2.3m", "text"): {
         "sampler": "ancestral", "steps": 64, "cfg_scale": 10.0, "cfg_interval": (0.3, 1.0),
         "source": "docs/text_to_image.md: all-attribute prompt adherence 0.956 on seen prompts for the 20-minute "
