@@ -37,7 +37,7 @@ def parse_value(text: str):
     return {"none": None, "true": True, "false": False}.get(text.lower(), text)
 
 
-def score(checkpoint: Path, n: int, spec: str) -> dict:
+def score(checkpoint: Path, n: int, spec: str, ema: bool = True) -> dict:
     from tinydit import api
     from tinydit.data.shapes import SHAPES, read_shape
     from tinydit.images import to_uint8
@@ -47,10 +47,11 @@ def score(checkpoint: Path, n: int, spec: str) -> dict:
     if len(parts) > 3:
         lo, hi = parts[3].split("-")
         options["cfg_interval"] = (float(lo), float(hi))
-    res = api.sample(checkpoint, n, sampler=parts[0], steps=int(parts[1]), cfg_scale=float(parts[2]), **options)
+    res = api.sample(checkpoint, n, sampler=parts[0], steps=int(parts[1]), cfg_scale=float(parts[2]), ema=ema,
+                     **options)
     u8 = to_uint8(res.x)  # (N, 3, H, W), as a saved PNG would be
     hits = [read_shape(img)["shape"] == SHAPES[int(c)] for img, c in zip(u8, res.labels, strict=True)]
-    return {"sample": spec, "nfe": res.nfe, "shape": round(float(np.mean(hits)), 3),
+    return {"sample": spec, "weights": "ema" if ema else "raw", "nfe": res.nfe, "shape": round(float(np.mean(hits)), 3),
             "colours": round(float(np.mean([on_palette(img) for img in u8.numpy()])), 3),
             "palette": round(palette_share(u8), 3)}  # fmt: skip
 
@@ -117,6 +118,7 @@ def main() -> None:
     p.add_argument("--sample", action="append", default=None, metavar="SAMPLER:STEPS:GUIDANCE[:LO-HI]")
     p.add_argument("--n", type=int, default=400, help="samples per --sample (class-balanced)")
     p.add_argument("--score-only", action="store_true", help="score the checkpoint already in --out")
+    p.add_argument("--weights", choices=("ema", "raw"), default="ema", help="sample with the EMA or the raw weights")
     args = p.parse_args()
     if args.calibrate:
         for row in calibrate(args.n):
@@ -142,7 +144,8 @@ def main() -> None:
                           "train_seconds": round(result.train_seconds), "val_loss_ema": round(result.val_loss_ema, 4)}),
               flush=True)  # fmt: skip
     for spec in args.sample or ["euler:32:2", "euler:32:4"]:
-        print(json.dumps({"out": str(out), **score(out / "checkpoint.pt", args.n, spec)}), flush=True)
+        row = score(out / "checkpoint.pt", args.n, spec, args.weights == "ema")
+        print(json.dumps({"out": str(out), **row}), flush=True)
 
 
 if __name__ == "__main__":

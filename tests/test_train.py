@@ -327,3 +327,18 @@ def test_batch_size_defaults_by_data_and_is_written_down(tmp_path):
     assert TrainConfig.from_dict(TrainConfig().to_dict()).batch_size == 64
     with pytest.raises(TinyDiTError, match="batch_size must be >= 1"):
         TrainConfig(batch_size=0)
+
+
+def test_learning_rate_defaults_by_data_and_is_written_down(tmp_path):
+    """None resolves per data set (DEFAULT_LRS: 2e-3 on shapes, else 1e-3); a given rate stays and is checked."""
+    from tinydit.config import DEFAULT_LRS, TrainConfig
+
+    assert DEFAULT_LRS == {"shapes": 2e-3}
+    assert TrainConfig().lr == TrainConfig(data="shapes", model="mmdit").lr == 2e-3
+    assert TrainConfig(data="fashion-mnist").lr == TrainConfig(data=str(tmp_path)).lr == 1e-3
+    assert TrainConfig(lr=5e-4).lr == 5e-4
+    assert TrainConfig.from_dict(TrainConfig(data="fmnist").to_dict()).lr == 1e-3
+    trainer = Trainer(fast_config(tmp_path, steps=1, warmup=1), progress=False)
+    assert trainer.opt.param_groups[0]["lr"] == 2e-3  # the optimizer gets the resolved rate
+    with pytest.raises(TinyDiTError, match="`lr` must be > 0"):
+        TrainConfig(lr=0.0)

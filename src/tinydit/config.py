@@ -22,7 +22,8 @@ from tinydit.runtime import COMPILE, PRECISIONS
 from tinydit.tokens import parse_phrases
 
 __all__ = ["TrainConfig", "TRAJECTORY_FIELDS", "SHAPES_HOLDOUT", "FEW_STEP", "MODEL_CONDS", "MODEL_PRESETS",
-           "DEFAULT_PRESETS", "SAMPLER_NAMES", "GRID_NAMES", "T_SAMPLINGS", "KNOTS", "BUILTIN_DATASETS",
+           "DEFAULT_PRESETS", "DEFAULT_BATCH_SIZES", "DEFAULT_LRS", "SAMPLER_NAMES", "GRID_NAMES", "T_SAMPLINGS",
+           "KNOTS", "BUILTIN_DATASETS",
            "canonical_name", "check_sampler_args", "check_seed", "split_sampling"]  # fmt: skip
 
 # Caption combinations a shapes text run never sees unless told otherwise (`holdout`): prompt adherence
@@ -49,6 +50,10 @@ BUDGET_COOLDOWN_FRAC = 0.2
 # 0.175 and crosses stopped turning into triangles; a 15-minute Fashion-MNIST run at 64 scored a worse
 # fid_fmnist_cnn (0.890 against 0.657; docs/notes/shapes_diagnosis.md section 8, docs/notes/schedules.md).
 DEFAULT_BATCH_SIZES = {"shapes": 64}
+# The default peak learning rate per data set, else 1e-3. On shapes at batch 64, 2e-3 lowered the EMA validation
+# loss at 2,200 steps from 0.195 to 0.175; 3e-3 and 4e-3 diverged by step 750 (docs/notes/shapes_diagnosis.md
+# section 9). The text-to-image recipe on shapes already trained at 2e-3 (docs/text_to_image.md).
+DEFAULT_LRS = {"shapes": 2e-3}
 KNOTS = 8  # distillation: the teacher's path is kept at t = 0, 1/8, ..., 1 (tinydit.flow.distill)
 
 # The architecture switches of DiTConfig (tinydit.models.dit) and the values each takes.
@@ -243,7 +248,8 @@ class TrainConfig:
     minutes: float | None = None  # ... or after this much training wall time, whichever comes first
     # Images per optimizer step (the global batch). None: DEFAULT_BATCH_SIZES for the data, else 128.
     batch_size: int | None = None
-    lr: float = 1e-3  # AdamW peak learning rate (constant after warm-up, as in DiT)
+    # AdamW peak learning rate (constant after warm-up, as in DiT). None: DEFAULT_LRS for the data, else 1e-3.
+    lr: float | None = None
     warmup: int = 100  # linear learning-rate warm-up, in steps
     # Linear decay of the learning rate to 0 over the last ``cooldown`` steps of a `steps` run
     # (warmup-stable-decay). A run can be continued with other `steps`/`cooldown` until its decay starts.
@@ -325,6 +331,8 @@ class TrainConfig:
             self.t_shift = NOISEWARD_SHIFT if rgb_class else 1.0
         if self.batch_size is None:
             self.batch_size = DEFAULT_BATCH_SIZES.get(canonical_name(self.data), 128)
+        if self.lr is None:
+            self.lr = DEFAULT_LRS.get(canonical_name(self.data), 1e-3)
         if self.steps is None and self.minutes is None:
             self.steps = 2000
         if self.steps is not None and self.steps < 1:
