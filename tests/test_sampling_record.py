@@ -52,6 +52,8 @@ def test_sample_uses_the_record_and_a_flag_overrides_its_field_alone(tiny_run, t
     assert "sampling with heun, 3 steps, guidance 1.5 on t in [0.2, 0.9]" in capsys.readouterr().err
     metrics = api.evaluate(checkpoint=ckpt, n=20, out=tmp_path / "eval")
     assert metrics["sampler"]["name"] == "heun" and "recorded" in metrics["sampler_note"]
+    ancestral = _with_record(tiny_run, tmp_path, {"sampler": "ancestral", "steps": 2, "cfg_scale": 1.0, "eta": 0.8})
+    assert "sampling with ancestral, 2 steps, guidance 1, eta 0.8:" in api.sample(ancestral, n=2).note  # all it uses
 
 
 def test_sweep_apply_records_the_best_within_the_budget_and_never_touches_the_weights(tiny_run, tmp_path, capsys):

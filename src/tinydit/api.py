@@ -113,6 +113,9 @@ def resolve_sampling(state: dict, **given) -> tuple[dict, str]:
     what = f"{settings['sampler']}, {settings['steps']} steps, guidance {settings['cfg_scale']:g}"
     if settings["cfg_interval"] and settings["cfg_scale"] != 1:
         what += f" on t in [{settings['cfg_interval'][0]:g}, {settings['cfg_interval'][1]:g}]"
+    if settings["grid"] not in (None, "uniform"):
+        what += f", {settings['grid']} grid" + (f" (shift {settings['shift']:g})" if settings["shift"] else "")
+    what += "".join(f", {k} {settings[k]:g}" for k in ("eta", "rtol", "atol") if settings[k] is not None)
     why = (f"the checkpoint's recorded settings ({record.get('source', 'no source')})" if not given else
            f"{', '.join(sorted(given))} as given, the rest as recorded ({record.get('source', 'no source')})")
     return settings, f"sampling with {what}: {why}"
