@@ -179,7 +179,7 @@ RECOMMENDED_SAMPLING: dict[tuple[str, str, str], dict] = {
     # The class signal in a shapes model's velocity is small (the shape kind changes few pixels; colours
     # and place change many), so it takes strong guidance, kept to the noisy end of the path where the
     # layout is decided: below t = 0.7 a large scale paints the colour boundaries wrong and inflates the shapes.
-    # Less fresh noise per step (eta 0.8) kept more squares' corners.
+    # eta 0.8 (less fresh noise per step than DDPM's 1) drew more squares on the checkpoint it was tried on.
     ("shapes", "dit-1.9m", "class"): {
         "sampler": "ancestral", "steps": 64, "cfg_scale": 50.0, "cfg_interval": (0.75, 1.0), "eta": 0.8,
         "source": "docs/notes/shapes_diagnosis.md section 9: read_shape draws the asked shape in 0.898 / 0.850 / "
