@@ -27,6 +27,7 @@ from torch.utils.data import Dataset
 
 from tinydit import distributed
 from tinydit.config import (
+    DEFAULT_DATA_PRESETS,
     MODEL_PRESETS,
     SAMPLING_DEFAULT,
     SAMPLING_KEYS,
@@ -326,7 +327,8 @@ _SHAPES_TEXT = dict(cond="text", vocab_size=16, text_len=8, n_classes=4)
 
 def presets() -> list[dict]:
     """Every model preset with its size: params for 32x32 RGB with 10 classes (class DiTs) and with the
-    shapes captions' text encoder (``params_text``); ``switches``: where it differs from the original DiT."""
+    shapes captions' text encoder (``params_text``); ``switches``: where it differs from the original DiT;
+    ``default``: the model type's default, ``default_on``: the data sets whose class runs default to it."""
     base, shown = DiTConfig(), ("norm", "qk_norm", "mlp", "pos", "pred")
     rows = []
     for kind, table in MODEL_PRESETS.items():
@@ -339,7 +341,9 @@ def presets() -> list[dict]:
                          "single_blocks": getattr(cfg, "single_blocks", 0), "n_heads": cfg.n_heads,
                          "patch_size": cfg.patch_size, "tokens_at_32": (32 // cfg.patch_size) ** 2,
                          "switches": {k: getattr(cfg, k) for k in shown if getattr(cfg, k) != getattr(base, k)},
-                         "default": name == MODEL_TYPES[kind].default_preset})  # fmt: skip
+                         "default": name == MODEL_TYPES[kind].default_preset,
+                         "default_on": sorted(d for (m, d, _), p in DEFAULT_DATA_PRESETS.items()
+                                              if m == kind and p == name)})  # fmt: skip
     return rows
 
 

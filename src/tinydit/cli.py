@@ -320,6 +320,7 @@ def cmd_presets(args: argparse.Namespace) -> int:
         depth = f"{r['depth']:5}" if r["model"] == "dit" else f"{r['depth']}+{r['single_blocks']:<3}"
         switches = " ".join(f"{k}={v}" for k, v in r["switches"].items()) or "-"
         mark = ("  (default)" if r["model"] == "dit" else "  (default for --model mmdit)") if r["default"] else ""
+        mark += f"  (default on {', '.join(r['default_on'])})" if r["default_on"] else ""
         print(f"{r['preset']:10} {params} {r['params_text'] / 1e6:7.2f}M {r['dim']:5} {depth} {r['n_heads']:5} "
               f"{r['patch_size']:5} {r['tokens_at_32']:9}  {switches}{mark}")  # fmt: skip
     print("params: class-conditional, 32x32 RGB, 10 classes; +text: with the text encoder, on the shapes captions. "

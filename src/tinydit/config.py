@@ -22,8 +22,8 @@ from tinydit.runtime import COMPILE, PRECISIONS
 from tinydit.tokens import parse_phrases
 
 __all__ = ["TrainConfig", "TRAJECTORY_FIELDS", "SHAPES_HOLDOUT", "FEW_STEP", "MODEL_CONDS", "MODEL_PRESETS",
-           "DEFAULT_PRESETS", "DEFAULT_BATCH_SIZES", "DEFAULT_LRS", "SAMPLER_NAMES", "GRID_NAMES", "T_SAMPLINGS",
-           "KNOTS", "BUILTIN_DATASETS",
+           "DEFAULT_PRESETS", "DEFAULT_DATA_PRESETS", "DEFAULT_BATCH_SIZES", "DEFAULT_LRS", "SAMPLER_NAMES",
+           "GRID_NAMES", "T_SAMPLINGS", "KNOTS", "BUILTIN_DATASETS",
            "canonical_name", "check_sampler_args", "check_seed", "split_sampling"]  # fmt: skip
 
 # Caption combinations a shapes text run never sees unless told otherwise (`holdout`): prompt adherence
@@ -75,6 +75,10 @@ DIT_PRESETS: dict[str, dict] = {
     # Fashion-MNIST's 1-channel patches there is no bottleneck for x to remove, and in the ablation x
     # scored worse (docs/notes/ablation.md). Old checkpoints (no field) load as v.
     "dit-0.2m": dict(dim=64, depth=2, n_heads=2, patch_size=4, pred="auto"),  # smoke tests: seconds per run
+    # dit-1.9m two blocks shallower: the shapes quick start's (DEFAULT_DATA_PRESETS). In five CPU minutes it
+    # runs about 1.5x the steps, and the shapes' layout needs those more than the depth (two blocks fewer
+    # still drew fewer squares; docs/notes/shapes_diagnosis.md section 10).
+    "dit-1.3m": dict(dim=128, depth=4, n_heads=4, patch_size=4, mlp="swiglu", pred="auto"),
     # The CPU preset: minutes per run. SwiGLU is its one switch that won the equal-time ablation on
     # Fashion-MNIST (docs/notes/ablation.md); RMSNorm, QK-norm and RoPE each scored worse and stay off.
     "dit-1.9m": dict(dim=128, depth=6, n_heads=4, patch_size=4, mlp="swiglu", pred="auto"),
@@ -97,6 +101,11 @@ MMDIT_PRESETS: dict[str, dict] = {
 
 MODEL_PRESETS: dict[str, dict[str, dict]] = {"dit": DIT_PRESETS, "mmdit": MMDIT_PRESETS}
 DEFAULT_PRESETS: dict[str, str] = {"dit": "dit-1.9m", "mmdit": "mmdit-2.3m"}
+# The default preset of a (model, data set, conditioning), else DEFAULT_PRESETS. Five minutes on 2 CPU cores,
+# shapes, seeds 0 / 1: dit-1.3m ran 1,729 / 1,554 steps against dit-1.9m's 1,178 / 1,232 and drew the asked
+# shape in 0.883 / 0.835 of 400 samples against 0.838 / 0.735 (docs/notes/shapes_diagnosis.md section 10).
+# Fashion-MNIST and text runs were not measured with it.
+DEFAULT_DATA_PRESETS: dict[tuple[str, str, str], str] = {("dit", "shapes", "class"): "dit-1.3m"}
 
 # The built-in data sets and the spellings accepted for them; anything else is an image folder's path.
 BUILTIN_DATASETS = ("shapes", "fashion-mnist", "cifar10")
@@ -185,6 +194,11 @@ RECOMMENDED_SAMPLING: dict[tuple[str, str, str], dict] = {
         "source": "docs/notes/shapes_diagnosis.md section 9: read_shape draws the asked shape in 0.898 / 0.850 / "
                   "0.888 of 400 samples of three lr-2e-3 runs (1,427, 1,327 and 2,200 steps), against 0.855 / "
                   "0.835 / 0.873 for guidance 40 on [0.7, 1] at eta 1 (2026-12-01)"},
+    ("shapes", "dit-1.3m", "class"): {
+        "sampler": "ancestral", "steps": 64, "cfg_scale": 50.0, "cfg_interval": (0.75, 1.0), "eta": 0.8,
+        "source": "docs/notes/shapes_diagnosis.md section 10: read_shape draws the asked shape in 0.883 of 400 "
+                  "samples of a 5-minute run (1,729 steps), against 0.863 for guidance 40 on [0.7, 1] at eta 1, "
+                  "0.853 for 40 on [0.75, 1] and 0.815 for 60 on [0.8, 1] at eta 0.8 (2026-12-02)"},
     ("shapes", "mmdit-2.3m", "text"): {
         "sampler": "ancestral", "steps": 64, "cfg_scale": 10.0, "cfg_interval": (0.3, 1.0),
         "source": "docs/text_to_image.md: all-attribute prompt adherence 0.956 on seen prompts for the 20-minute "
@@ -235,7 +249,7 @@ class TrainConfig:
     limit: int | None = None  # use only the first `limit` training images (quick runs)
     classes: str | None = None  # train on these classes only: names or ids, comma-separated (automobile,truck)
     model: str = "dit"  # dit | mmdit (tinydit.models.mmdit: image and text streams with joint attention)
-    preset: str | None = None  # model size, see `tinydit presets`; None: the model's default preset
+    preset: str | None = None  # model size, see `tinydit presets`; None: DEFAULT_DATA_PRESETS, else the model's
     cond: str | None = None  # class | text (the captions, tinydit.data.text); None: class for dit, text for mmdit
     # Text runs: comma-separated caption phrases ("red triangle"); every training image whose caption holds
     # one is removed, so the model never sees that combination. None: SHAPES_HOLDOUT for shapes, else none.
@@ -314,16 +328,17 @@ class TrainConfig:
         if self.model not in MODEL_CONDS:
             raise TinyDiTError(f"unknown `model` {self.model!r}: use one of {', '.join(MODEL_CONDS)}")
         presets, conds = MODEL_PRESETS[self.model], MODEL_CONDS[self.model]
-        if self.preset is None:
-            self.preset = DEFAULT_PRESETS[self.model]
-        if self.preset not in presets:
-            raise TinyDiTError(f"unknown preset {self.preset!r} for `model` {self.model}: use one of "
-                               f"{', '.join(presets)}")  # fmt: skip
         if self.cond is None:
             self.cond = conds[0]
         if self.cond not in conds:
             hint = "; use `model` dit for class labels" if self.model == "mmdit" else ""
             raise TinyDiTError(f"`model` {self.model} takes `cond` {' or '.join(conds)}, got {self.cond!r}{hint}")
+        if self.preset is None:
+            key = (self.model, canonical_name(self.data), self.cond)
+            self.preset = DEFAULT_DATA_PRESETS.get(key, DEFAULT_PRESETS[self.model])
+        if self.preset not in presets:
+            raise TinyDiTError(f"unknown preset {self.preset!r} for `model` {self.model}: use one of "
+                               f"{', '.join(presets)}")  # fmt: skip
         self.holdout = self._resolve_holdout()
         rgb_class = self.cond == "class" and canonical_name(self.data) != "fashion-mnist"
         if self.t_sampling is None:
