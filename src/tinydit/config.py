@@ -76,7 +76,7 @@ DIT_PRESETS: dict[str, dict] = {
     # scored worse (docs/notes/ablation.md). Old checkpoints (no field) load as v.
     "dit-0.2m": dict(dim=64, depth=2, n_heads=2, patch_size=4, pred="auto"),  # smoke tests: seconds per run
     # dit-1.9m two blocks shallower: the shapes quick start's (DEFAULT_DATA_PRESETS). In five CPU minutes it
-    # runs about 1.5x the steps, and the shapes' layout needs those more than the depth (two blocks fewer
+    # ran 1.26-1.47x the steps, and the shapes' layout needs those more than the depth (two blocks fewer
     # still drew fewer squares; docs/notes/shapes_diagnosis.md section 10).
     "dit-1.3m": dict(dim=128, depth=4, n_heads=4, patch_size=4, mlp="swiglu", pred="auto"),
     # The CPU preset: minutes per run. SwiGLU is its one switch that won the equal-time ablation on
