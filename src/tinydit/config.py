@@ -328,27 +328,28 @@ class TrainConfig:
         if self.model not in MODEL_CONDS:
             raise TinyDiTError(f"unknown `model` {self.model!r}: use one of {', '.join(MODEL_CONDS)}")
         presets, conds = MODEL_PRESETS[self.model], MODEL_CONDS[self.model]
+        data = canonical_name(self.data)  # the key of the per-data defaults below
         if self.cond is None:
             self.cond = conds[0]
         if self.cond not in conds:
             hint = "; use `model` dit for class labels" if self.model == "mmdit" else ""
             raise TinyDiTError(f"`model` {self.model} takes `cond` {' or '.join(conds)}, got {self.cond!r}{hint}")
         if self.preset is None:
-            key = (self.model, canonical_name(self.data), self.cond)
+            key = (self.model, data, self.cond)
             self.preset = DEFAULT_DATA_PRESETS.get(key, DEFAULT_PRESETS[self.model])
         if self.preset not in presets:
             raise TinyDiTError(f"unknown preset {self.preset!r} for `model` {self.model}: use one of "
                                f"{', '.join(presets)}")  # fmt: skip
         self.holdout = self._resolve_holdout()
-        rgb_class = self.cond == "class" and canonical_name(self.data) != "fashion-mnist"
+        rgb_class = self.cond == "class" and data != "fashion-mnist"
         if self.t_sampling is None:
             self.t_sampling = "logit-normal" if self.cond == "text" or rgb_class else "uniform"
         if self.t_shift is None:
             self.t_shift = NOISEWARD_SHIFT if rgb_class else 1.0
         if self.batch_size is None:
-            self.batch_size = DEFAULT_BATCH_SIZES.get(canonical_name(self.data), 128)
+            self.batch_size = DEFAULT_BATCH_SIZES.get(data, 128)
         if self.lr is None:
-            self.lr = DEFAULT_LRS.get(canonical_name(self.data), 1e-3)
+            self.lr = DEFAULT_LRS.get(data, 1e-3)
         if self.steps is None and self.minutes is None:
             self.steps = 2000
         if self.steps is not None and self.steps < 1:
