@@ -37,21 +37,29 @@ def parse_value(text: str):
     return {"none": None, "true": True, "false": False}.get(text.lower(), text)
 
 
-def score(checkpoint: Path, n: int, spec: str, ema: bool = True) -> dict:
+def score(checkpoint: Path, n: int, spec: str, ema: bool = True, seed: int = 0) -> dict:
     from tinydit import api
     from tinydit.data.shapes import SHAPES, read_shape
+    from tinydit.eval.shape_fit import strict_scores
     from tinydit.images import to_uint8
 
     parts = spec.split(":")
     options = {}
-    if len(parts) > 3:
+    if len(parts) > 3 and parts[3]:
         lo, hi = parts[3].split("-")
         options["cfg_interval"] = (float(lo), float(hi))
-    res = api.sample(checkpoint, n, sampler=parts[0], steps=int(parts[1]), cfg_scale=float(parts[2]), ema=ema,
-                     **options)
+    if len(parts) > 4:
+        options["eta"] = float(parts[4])
+    if spec == "recorded":  # the settings the checkpoint records, as `tinydit sample` with no flags
+        res = api.sample(checkpoint, n, ema=ema, seed=seed)
+    else:
+        res = api.sample(checkpoint, n, sampler=parts[0], steps=int(parts[1]), cfg_scale=float(parts[2]), ema=ema,
+                         seed=seed, **options)
     u8 = to_uint8(res.x)  # (N, 3, H, W), as a saved PNG would be
     hits = [read_shape(img)["shape"] == SHAPES[int(c)] for img, c in zip(u8, res.labels, strict=True)]
-    return {"sample": spec, "weights": "ema" if ema else "raw", "nfe": res.nfe, "shape": round(float(np.mean(hits)), 3),
+    strict = {k: round(v, 3) for k, v in strict_scores(u8, res.labels).items()}
+    return {"sample": spec, "weights": "ema" if ema else "raw", "nfe": res.nfe, **strict,
+            "shape": round(float(np.mean(hits)), 3),
             "colours": round(float(np.mean([on_palette(img) for img in u8.numpy()])), 3),
             "palette": round(palette_share(u8), 3)}  # fmt: skip
 
@@ -115,7 +123,11 @@ def main() -> None:
     p.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE",
                    help="train on a variant of shapes: n_colors, bg, size (small|large), jitter (0-1), "
                         "small/large (size range LO-HI in px at 32)")
-    p.add_argument("--sample", action="append", default=None, metavar="SAMPLER:STEPS:GUIDANCE[:LO-HI]")
+    p.add_argument("--sample", action="append", default=None, metavar="SAMPLER:STEPS:GUIDANCE[:LO-HI[:ETA]]",
+                   help="or `recorded`: the settings the checkpoint records")
+    p.add_argument("--model-set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="a DiTConfig field on top of the preset (a preset named `lever` is made for the run)")
+    p.add_argument("--sample-seed", type=int, default=0, help="the sampling noise's seed")
     p.add_argument("--n", type=int, default=400, help="samples per --sample (class-balanced)")
     p.add_argument("--score-only", action="store_true", help="score the checkpoint already in --out")
     p.add_argument("--weights", choices=("ema", "raw"), default="ema", help="sample with the EMA or the raw weights")
@@ -138,13 +150,20 @@ def main() -> None:
         from tinydit.train import Trainer
 
         fields = {k: parse_value(v) for k, v in (a.split("=", 1) for a in args.set)}
+        if args.model_set:
+            from tinydit.config import MODEL_PRESETS
+
+            base = MODEL_PRESETS["dit"][fields.get("preset", "dit-1.3m")]
+            over = {k: parse_value(v) for k, v in (a.split("=", 1) for a in args.model_set)}
+            MODEL_PRESETS["dit"]["lever"] = {**base, **over}
+            fields["preset"] = "lever"
         cfg = TrainConfig(out=str(out), data="shapes", report=False, **fields)
         result = Trainer(cfg, overwrite=True, progress=False).fit()
         print(json.dumps({"out": str(out), "set": fields, "variant": variant, "step": result.step,
                           "train_seconds": round(result.train_seconds), "val_loss_ema": round(result.val_loss_ema, 4)}),
               flush=True)  # fmt: skip
     for spec in args.sample or ["euler:32:2", "euler:32:4"]:
-        row = score(out / "checkpoint.pt", args.n, spec, args.weights == "ema")
+        row = score(out / "checkpoint.pt", args.n, spec, args.weights == "ema", args.sample_seed)
         print(json.dumps({"out": str(out), **row}), flush=True)
 
 

@@ -30,7 +30,9 @@ def _records(run):
 def evaluated_run(tmp_path_factory):
     """One 8-step shapes run evaluated every 4 steps, with TensorBoard and the report."""
     out = tmp_path_factory.mktemp("evaluated")
-    trainer = Trainer(fast_config(out, steps=8, sample_every=4, tensorboard=True, report=True, **EVAL), progress=False)
+    # best.pt chosen by the FID (lower is better); shapes class runs choose by the strict judge unless told
+    cfg = fast_config(out, steps=8, sample_every=4, tensorboard=True, report=True, best_metric="fid_shapes_cnn", **EVAL)
+    trainer = Trainer(cfg, progress=False)
     trainer.fit()
     return out, trainer
 
@@ -42,6 +44,7 @@ def test_evaluation_logs_the_offline_metrics_and_keeps_the_best_checkpoint(evalu
     for r in evals:
         assert r["best_metric"] == "fid_shapes_cnn" and r["eval/n_samples"] == 20 and r["eval_seconds"] > 0
         assert 0.0 <= r["eval/shape_accuracy"] <= 1.0 and 0.0 <= r["eval/class_consistency_shapes_cnn"] <= 1.0
+        assert 0.0 <= r["eval/shape_strict"] <= 1.0 and 0.0 <= r["eval/shape_colours"] <= 1.0
     best = min(evals, key=lambda r: r["eval/fid_shapes_cnn"])
     state = load_checkpoint(out / "best.pt")
     assert state["step"] == best["step"] and state["best"]["value"] == best["eval/fid_shapes_cnn"]
@@ -90,6 +93,14 @@ def _images(page: str) -> list[bytes]:
     uris = re.findall(r'<img [^>]*src="([^"]+)"', page)
     assert all(u.startswith("data:image/png;base64,") for u in uris)  # self-contained: nothing to fetch
     return [base64.b64decode(u.split(",", 1)[1]) for u in uris]
+
+
+def test_shapes_class_runs_keep_the_best_by_the_strict_judge():
+    from tinydit.eval.evaluate import default_best_metric
+
+    assert default_best_metric("shapes", text=False) == ("shape_strict", False)  # higher is better
+    assert default_best_metric("shapes", text=True) == ("adherence_all_all", False)
+    assert default_best_metric("fashion-mnist", text=False) == ("fid_fmnist_cnn", True)
 
 
 def test_the_report_is_one_self_contained_page(evaluated_run):

@@ -27,7 +27,7 @@ import torch
 from tinydit.images import from_uint8
 
 __all__ = ["GRID_PROMPTS", "SHAPES", "COLORS", "SIZES", "RENDER_VERSION", "render_shape", "make_shapes", "caption",
-           "read_shape", "ShapesDataset"]  # fmt: skip
+           "read_shape", "shape_coverage", "shape_mask", "ShapesDataset"]  # fmt: skip
 
 SHAPES = ("circle", "square", "triangle", "cross")
 RENDER_VERSION = 2  # bump whenever rendering changes: cached reference features are keyed on it
@@ -69,15 +69,17 @@ GRID_PROMPTS = (
 )
 
 
-def _render_batch(kind: int, fg: np.ndarray, bg: np.ndarray, size: np.ndarray,
-                  cx: np.ndarray, cy: np.ndarray, img_size: int, supersample: int) -> np.ndarray:
-    """Render B shapes of one kind at once; fg/bg (B, 3), size/cx/cy (B,). Returns uint8 (B, 3, H, W)."""
+def shape_coverage(kind: int, size: np.ndarray, cx: np.ndarray, cy: np.ndarray, img_size: int,
+                   supersample: int = 4) -> np.ndarray:
+    """The share of each pixel that B shapes of one kind cover: float32 (B, H, W) in [0, 1].
+
+    size/cx/cy (B,) in px; each pixel is sampled on a supersample x supersample grid (anti-aliasing)."""
     b, s = len(size), img_size * supersample
     # Sub-pixel sample centres in pixel units; broadcast x over columns, y over rows.
     grid = ((np.arange(s, dtype=np.float32) + 0.5) / supersample)
-    x = grid[None, None, :] - cx.astype(np.float32)[:, None, None]  # (B, 1, S)
-    y = grid[None, :, None] - cy.astype(np.float32)[:, None, None]  # (B, S, 1)
-    half = (size.astype(np.float32) / 2)[:, None, None]
+    x = grid[None, None, :] - np.asarray(cx, dtype=np.float32)[:, None, None]  # (B, 1, S)
+    y = grid[None, :, None] - np.asarray(cy, dtype=np.float32)[:, None, None]  # (B, S, 1)
+    half = (np.asarray(size, dtype=np.float32) / 2)[:, None, None]
     if kind == 0:  # circle
         mask = x * x + y * y <= half * half
     elif kind == 1:  # square
@@ -87,9 +89,19 @@ def _render_batch(kind: int, fg: np.ndarray, bg: np.ndarray, size: np.ndarray,
     else:  # plus-sign cross, arm width a third of the size
         ax, ay, arm = np.abs(x), np.abs(y), half / 3
         mask = ((ax <= half) & (ay <= arm)) | ((ax <= arm) & (ay <= half))
-    # Box-average the supersampled mask into per-pixel coverage (anti-aliasing).
     cover = mask.reshape(b, img_size, supersample, img_size, supersample)  # (B, H, ss, W, ss)
-    alpha = cover.sum(axis=(2, 4), dtype=np.float32) / supersample**2  # (B, H, W)
+    return cover.sum(axis=(2, 4), dtype=np.float32) / supersample**2  # (B, H, W)
+
+
+def shape_mask(kind: int, size: np.ndarray, cx: np.ndarray, cy: np.ndarray, img_size: int) -> np.ndarray:
+    """Binary clean renders: bool (B, H, W), the pixels at least half covered by the shape."""
+    return shape_coverage(kind, size, cx, cy, img_size) >= 0.5
+
+
+def _render_batch(kind: int, fg: np.ndarray, bg: np.ndarray, size: np.ndarray,
+                  cx: np.ndarray, cy: np.ndarray, img_size: int, supersample: int) -> np.ndarray:
+    """Render B shapes of one kind at once; fg/bg (B, 3), size/cx/cy (B,). Returns uint8 (B, 3, H, W)."""
+    alpha = shape_coverage(kind, size, cx, cy, img_size, supersample)  # (B, H, W)
     fg_ = fg.astype(np.float32)[:, :, None, None]
     bg_ = bg.astype(np.float32)[:, :, None, None]
     img = bg_ + (fg_ - bg_) * alpha[:, None]

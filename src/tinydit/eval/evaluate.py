@@ -41,6 +41,7 @@ from tinydit.eval.adherence import flatten, prompts_for, score, shape_accuracy
 from tinydit.eval.features import FEATURE_NETS, extract, load_feature_net
 from tinydit.eval.inception import InceptionFeatures
 from tinydit.eval.metrics import MIN_SAMPLES, feature_stats, frechet_distance, kid, precision_recall
+from tinydit.eval.shape_fit import strict_scores
 from tinydit.files import torch_save
 from tinydit.flow.distill import warn_if_untrained_settings
 from tinydit.flow.generate import class_cycle, generate, sampler_settings
@@ -349,6 +350,9 @@ def sample_for_eval(model, state: dict, n: int, steps: int, cfg_scale: float, se
         holdout = parse_phrases(state["train_config"].get("holdout") or "")
         info.update(flatten(score(res.x, attrs, holdout)), adherence_holdout=",".join(holdout) or "none")
     elif state["data"]["name"] == "shapes":  # a class model: is the shape its label asked for drawn?
+        # The strict judge (a clean shape of the asked kind fits; tinydit.eval.shape_fit) is the quality
+        # figure; read_shape's lenient reading stays beside it as a diagnostic.
+        info.update({f"shape_{k}": v for k, v in strict_scores(res.x, labels).items()})
         info["shape_accuracy"] = shape_accuracy(res.x, labels)
     return res.x, labels, info
 
@@ -364,9 +368,9 @@ def score_model(model, state: dict, n: int, steps: int, cfg_scale: float, seed: 
 
 def default_best_metric(data: str, text: bool) -> tuple[str, bool]:
     """The metric best.pt is chosen by when none is named, and whether lower is better: prompt adherence
-    for shapes text runs, else the offline FID."""
-    if text and data == "shapes":
-        return "adherence_all_all", False
+    for shapes text runs, the strict judge's pass rate for shapes class runs, else the offline FID."""
+    if data == "shapes":
+        return ("adherence_all_all", False) if text else ("shape_strict", False)
     net = eval_spec(data).feature_net
     if net is None:
         raise TinyDiTError(f"{data} has no offline feature network")
