@@ -14,12 +14,17 @@ from tinydit.train import Trainer
 CPU = torch.device("cpu")
 
 
-def test_auto_picks_bf16_only_on_cpus_with_native_bf16_and_fp16_needs_cuda(monkeypatch):
+def test_auto_picks_bf16_only_where_a_bf16_matmul_is_measured_faster_and_fp16_needs_cuda(monkeypatch):
     import tinydit.runtime as runtime
 
-    for native, expected in ((True, "bf16"), (False, "fp32")):
-        monkeypatch.setattr(runtime, "cpu_has_native_bf16", lambda native=native: native)
+    for faster, expected in ((True, "bf16"), (False, "fp32")):
+        monkeypatch.setattr(runtime, "cpu_bf16_is_faster", lambda faster=faster: faster)
         assert resolve_precision("auto", CPU) == expected
+    monkeypatch.undo()
+    runtime.cpu_bf16_is_faster.cache_clear()
+    monkeypatch.setattr(runtime, "cpu_has_native_bf16", lambda: False)
+    assert runtime.cpu_bf16_is_faster() is False  # emulated bf16 is never probed, never chosen
+    runtime.cpu_bf16_is_faster.cache_clear()
     assert resolve_precision("auto", torch.device("mps")) == "fp32"
     assert resolve_compile("auto", CPU) is False
     assert resolve_compile("on", CPU) is True

@@ -3,9 +3,10 @@ kernel switches, chosen per device.
 
 The defaults are what measured fastest (benchmarks/README.md):
 
-- CPU with native bf16 (AVX512-BF16 or AMX, as oneDNN reports): bf16 autocast, eager: it trained
-  markedly faster than fp32 there, with attention written out as matmuls (``tinydit.models.attention``).
-  CPUs without it emulate bf16 matmuls at a crawl, so there fp32 is the default.
+- CPU: bf16 autocast where a bf16 matmul is measured clearly faster than a fp32 one on this machine
+  (``cpu_bf16_is_faster``: AMX, and some AVX512-BF16 parts), else fp32. Reporting native bf16 is not
+  enough: an AVX512-BF16 CPU without AMX can run bf16 matmuls at half its fp32 rate, and CPUs without
+  native bf16 emulate it at a crawl.
 - ``torch.compile`` on CPU makes a training step faster, but compiling takes tens of seconds at the
   start of a run, which only pays after minutes of training, and it needs a C++ compiler: ``auto``
   compiles a CPU training run only when its time budget is at least ``COMPILE_CPU_MINUTES`` and a
@@ -21,9 +22,11 @@ the residual stream stays fp32.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import shutil
+import time
 import warnings
 from collections.abc import Callable, Iterator
 
@@ -33,8 +36,8 @@ from torch import nn
 from tinydit.errors import TinyDiTError
 
 __all__ = ["PRECISIONS", "COMPILE", "COMPILE_CPU_MINUTES", "get_device", "resolve_device", "cpu_has_native_bf16",
-           "resolve_precision", "has_cxx_compiler", "resolve_compile", "autocast", "make_grad_scaler", "maybe_compile",
-           "KernelSwitch"]  # fmt: skip
+           "cpu_bf16_is_faster", "resolve_precision", "has_cxx_compiler", "resolve_compile", "autocast",
+           "make_grad_scaler", "maybe_compile", "KernelSwitch"]  # fmt: skip
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 COMPILE = ("auto", "on", "off")
@@ -113,12 +116,36 @@ def cpu_has_native_bf16() -> bool:
         return False
 
 
+# bf16 must beat fp32 by this factor in the probe: a training step also pays for casts and for the
+# element-wise work that bf16 does not speed up, so a matmul that is only a little faster loses overall.
+BF16_MARGIN = 1.5
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_bf16_is_faster() -> bool:
+    """Whether a bf16 matmul of a DiT token layer's shape runs at least ``BF16_MARGIN`` times the fp32
+    rate on this CPU (a probe of about a tenth of a second, once per process)."""
+    if not cpu_has_native_bf16():
+        return False
+    rates = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        a, b = torch.randn(4096, 128, dtype=dtype), torch.randn(128, 512, dtype=dtype)
+        best = float("inf")
+        for _ in range(3):  # the best of three: a busy moment slows one, not all
+            start = time.perf_counter()
+            for _ in range(4):
+                torch.mm(a, b)
+            best = min(best, time.perf_counter() - start)
+        rates[dtype] = 1 / best
+    return rates[torch.bfloat16] >= BF16_MARGIN * rates[torch.float32]
+
+
 def resolve_precision(name: str, device: torch.device) -> str:
     """'auto' becomes the fastest precision measured on this kind of device; others are checked."""
     if name == "auto":
         if device.type == "cuda":
             return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
-        if device.type == "cpu" and cpu_has_native_bf16():
+        if device.type == "cpu" and cpu_bf16_is_faster():
             return "bf16"
         return "fp32"
     if name not in PRECISIONS:
