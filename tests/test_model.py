@@ -265,3 +265,47 @@ def test_norm_modulate_runs_in_the_autocast_dtype_on_cpu_and_in_fp32_without_it(
 def test_rope_keeps_the_dtype_of_its_input():
     cos, sin = rope_2d(8, 4)  # fp32 tables
     assert apply_rope(torch.randn(2, 2, 16, 8, dtype=torch.bfloat16), cos, sin).dtype == torch.bfloat16
+
+
+def test_conv_stem_head_and_long_skips_keep_shapes_and_start_at_zero():
+    cfg = get_preset("dit-1.4m", n_classes=4)
+    assert (cfg.stem, cfg.head, cfg.skips, cfg.qk_norm) == ("conv", "conv", True, True)
+    model = DiT(cfg)
+    assert len(model.skip_proj) == cfg.depth // 2
+    x, t, y = torch.randn(3, 3, 32, 32), torch.rand(3), torch.tensor([0, 1, 2])
+    assert model(x, t, y).shape == x.shape
+    out = model.decode(torch.randn(3, cfg.n_tokens, cfg.dim), torch.randn(3, cfg.dim))
+    assert out.shape == x.shape and out.abs().max() == 0  # the head's last map (the conv) starts at zero
+
+
+def test_a_closed_long_skip_passes_the_stream_on_and_then_learns():
+    base = get_preset("dit-1.3m", n_classes=4)
+    plain, skipped = DiT(base), DiT(DiTConfig(**{**base.to_dict(), "skips": True}))
+    skipped.load_state_dict(plain.state_dict(), strict=False)  # the same weights, skips at their start
+    for p in plain.parameters():  # move every weight off its initial zero so the blocks do something
+        p.data.add_(0.05 * torch.randn_like(p))
+    skipped.load_state_dict(plain.state_dict(), strict=False)
+    x, t, y = torch.randn(2, 3, 32, 32), torch.rand(2), torch.tensor([0, 3])
+    torch.testing.assert_close(skipped(x, t, y), plain(x, t, y))  # [I | 0]: as if there were no skip
+    skipped(x, t, y).pow(2).mean().backward()
+    assert skipped.skip_proj[0].weight.grad[:, base.dim :].abs().sum() > 0  # the skip half gets a gradient
+
+
+def test_conv_head_mixes_neighbouring_patches():
+    model = DiT(get_preset("dit-1.4m", n_classes=4))
+    for p in model.parameters():
+        p.data.add_(0.05 * torch.randn_like(p))
+    c = torch.randn(1, model.config.dim)
+    tokens = torch.zeros(1, model.config.n_tokens, model.config.dim, requires_grad=True)
+    out = model.decode(tokens, c)  # (1, 3, 32, 32)
+    out[0, :, 4, 4].sum().backward()  # the first pixel of the token at grid (1, 1)
+    touched = tokens.grad.abs().sum(-1).view(8, 8) > 0
+    assert touched[1, 1] and touched[0, 0] and touched[0, 1] and touched[1, 0]  # its neighbours up and left
+    assert not touched[2, 2]
+
+
+def test_stem_and_head_names_are_checked():
+    with pytest.raises(TinyDiTError, match="DiTConfig.head must be one of linear, conv"):
+        DiTConfig(head="unet")
+    with pytest.raises(TinyDiTError, match="conv_channels"):
+        DiTConfig(stem="conv", conv_channels=0)

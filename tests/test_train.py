@@ -330,16 +330,16 @@ def test_batch_size_defaults_by_data_and_is_written_down(tmp_path):
 
 
 def test_preset_defaults_by_model_data_and_conditioning():
-    """None resolves through DEFAULT_DATA_PRESETS (shapes class runs: dit-1.3m), else the model's default;
+    """None resolves through DEFAULT_DATA_PRESETS (shapes class runs: dit-1.4m), else the model's default;
     a named preset always wins, and the resolved name is what the run's config records."""
     from tinydit.config import DEFAULT_DATA_PRESETS, TrainConfig
 
-    assert DEFAULT_DATA_PRESETS == {("dit", "shapes", "class"): "dit-1.3m"}
-    assert TrainConfig().preset == TrainConfig(data="Shapes").preset == "dit-1.3m"
+    assert DEFAULT_DATA_PRESETS == {("dit", "shapes", "class"): "dit-1.4m"}
+    assert TrainConfig().preset == TrainConfig(data="Shapes").preset == "dit-1.4m"
     assert TrainConfig(data="fashion-mnist").preset == TrainConfig(data="shapes", cond="text").preset == "dit-1.9m"
     assert TrainConfig(data="shapes", model="mmdit").preset == "mmdit-2.3m"
     assert TrainConfig(preset="dit-1.9m").preset == "dit-1.9m"
-    assert TrainConfig.from_dict(TrainConfig().to_dict()).preset == "dit-1.3m"
+    assert TrainConfig.from_dict(TrainConfig().to_dict()).preset == "dit-1.4m"
     with pytest.raises(TinyDiTError, match="takes `cond` text"):  # the conditioning is checked before the lookup
         TrainConfig(model="mmdit", cond="class")
 

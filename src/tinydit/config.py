@@ -79,6 +79,11 @@ DIT_PRESETS: dict[str, dict] = {
     # ran 1.26-1.47x the steps, and the shapes' layout needs those more than the depth (two blocks fewer
     # still drew fewer squares; docs/notes/shapes_diagnosis.md section 10).
     "dit-1.3m": dict(dim=128, depth=4, n_heads=4, patch_size=4, mlp="swiglu", pred="auto"),
+    # dit-1.3m with pixel-level convolutions around the trunk (a 3x3 stem before the patches, a 3x3 head
+    # after them, so neighbouring patches agree on an edge), U-ViT's long skips and QK-norm: the shapes
+    # quick start's (DEFAULT_DATA_PRESETS; docs/notes/shapes_diagnosis.md section 11).
+    "dit-1.4m": dict(dim=128, depth=4, n_heads=4, patch_size=4, mlp="swiglu", qk_norm=True, stem="conv", head="conv",
+                     skips=True, pred="auto"),
     # The CPU preset: minutes per run. SwiGLU is its one switch that won the equal-time ablation on
     # Fashion-MNIST (docs/notes/ablation.md); RMSNorm, QK-norm and RoPE each scored worse and stay off.
     "dit-1.9m": dict(dim=128, depth=6, n_heads=4, patch_size=4, mlp="swiglu", pred="auto"),
@@ -101,11 +106,11 @@ MMDIT_PRESETS: dict[str, dict] = {
 
 MODEL_PRESETS: dict[str, dict[str, dict]] = {"dit": DIT_PRESETS, "mmdit": MMDIT_PRESETS}
 DEFAULT_PRESETS: dict[str, str] = {"dit": "dit-1.9m", "mmdit": "mmdit-2.3m"}
-# The default preset of a (model, data set, conditioning), else DEFAULT_PRESETS. Five minutes on 2 CPU cores,
-# shapes, seeds 0 / 1: dit-1.3m ran 1,729 / 1,554 steps against dit-1.9m's 1,178 / 1,232 and drew the asked
-# shape in 0.883 / 0.835 of 400 samples against 0.838 / 0.735 (docs/notes/shapes_diagnosis.md section 10).
+# The default preset of a (model, data set, conditioning), else DEFAULT_PRESETS. Shapes class runs take the
+# small model with pixel convolutions: at equal steps it drew more clean shapes than dit-1.3m, which had
+# won over the deeper dit-1.9m at equal time (docs/notes/shapes_diagnosis.md sections 10 and 11).
 # Fashion-MNIST and text runs were not measured with it.
-DEFAULT_DATA_PRESETS: dict[tuple[str, str, str], str] = {("dit", "shapes", "class"): "dit-1.3m"}
+DEFAULT_DATA_PRESETS: dict[tuple[str, str, str], str] = {("dit", "shapes", "class"): "dit-1.4m"}
 
 # The built-in data sets and the spellings accepted for them; anything else is an image folder's path.
 BUILTIN_DATASETS = ("shapes", "fashion-mnist", "cifar10")
@@ -199,6 +204,10 @@ RECOMMENDED_SAMPLING: dict[tuple[str, str, str], dict] = {
         "source": "docs/notes/shapes_diagnosis.md section 10: read_shape draws the asked shape in 0.883 of 400 "
                   "samples of a 5-minute run (1,729 steps), against 0.863 for guidance 40 on [0.7, 1] at eta 1, "
                   "0.853 for 40 on [0.75, 1] and 0.815 for 60 on [0.8, 1] at eta 0.8 (2026-12-02)"},
+    ("shapes", "dit-1.4m", "class"): {
+        "sampler": "ancestral", "steps": 64, "cfg_scale": 50.0, "cfg_interval": (0.8, 1.0), "eta": 1.0,
+        "source": "docs/notes/shapes_diagnosis.md section 11: the best of nine settings by the strict shapes judge "
+                  "on 1,500-step runs (guidance 4 to 80, on [0.7, 1] to [0.85, 1], eta 0.8 and 1)"},
     ("shapes", "mmdit-2.3m", "text"): {
         "sampler": "ancestral", "steps": 64, "cfg_scale": 10.0, "cfg_interval": (0.3, 1.0),
         "source": "docs/text_to_image.md: all-attribute prompt adherence 0.956 on seen prompts for the 20-minute "

@@ -47,6 +47,7 @@ from tinydit.tokens import empty_like
 __all__ = ["DiTConfig", "DiT", "DiTBlock", "PRESETS", "DEFAULT_PRESET", "SWITCHES", "ORIGINAL_BLOCK", "CONDS",
            "get_preset", "count_params"]  # fmt: skip
 
+PIXEL_MAPS = {"stem": ("patch", "conv"), "head": ("linear", "conv")}
 X_PRED_T_MIN = 0.05  # x-prediction divides by t; below this t the division is clipped (JiT, Li & He 2025)
 
 
@@ -74,6 +75,16 @@ class DiTConfig:
     vocab_size: int = 0  # text: the tokenizer's vocabulary, special tokens included (set from the data)
     text_len: int = 0  # text: L, token ids per caption: BOS + the longest training caption (set from the data)
     text_depth: int = 2  # text: transformer layers of the text encoder (width dim, n_heads heads, same MLP)
+    # How pixels become tokens: patch (one p x p strided convolution, DiT) | conv (a 3x3 convolution to
+    # `conv_channels` features at full resolution first, so a token also sees the pixels around its patch)
+    stem: str = "patch"
+    # How tokens become pixels: linear (each token's patch from one linear map, DiT) | conv (the linear map
+    # writes `conv_channels` features per pixel and a 3x3 convolution mixes neighbouring patches, U-ViT)
+    head: str = "linear"
+    conv_channels: int = 16  # features per pixel of a conv stem or head
+    # Long skips (U-ViT, Bao et al. 2023): the second half of the blocks also takes the output of the
+    # mirror block in the first half, concatenated and projected back to dim, as a U-Net's decoder does
+    skips: bool = False
 
     def __post_init__(self):
         for name in ("img_size", "in_channels", "patch_size", "dim", "depth", "n_heads", "n_classes"):
@@ -94,6 +105,12 @@ class DiTConfig:
         for name, allowed in (("norm", NORMS), ("mlp", MLPS), ("pos", POSITIONS), ("pred", PREDICTIONS)):
             if getattr(self, name) not in allowed:
                 raise TinyDiTError(f"DiTConfig.{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        for name in ("stem", "head"):
+            if getattr(self, name) not in PIXEL_MAPS[name]:
+                raise TinyDiTError(f"DiTConfig.{name} must be one of {', '.join(PIXEL_MAPS[name])}, "
+                                   f"got {getattr(self, name)!r}")  # fmt: skip
+        if self.conv_channels < 1:
+            raise TinyDiTError(f"DiTConfig.conv_channels must be >= 1, got {self.conv_channels}")
         if self.pos == "rope" and self.head_dim % 4:
             raise TinyDiTError(f"2-D RoPE needs a head dim divisible by 4 (dim / n_heads), got {self.head_dim}")
         if self.cond not in CONDS:
@@ -210,8 +227,13 @@ class DiT(nn.Module):
     def __init__(self, config: DiTConfig):
         super().__init__()
         self.config = config
-        p = config.patch_size
-        self.patch_embed = nn.Conv2d(config.in_channels, config.dim, kernel_size=p, stride=p)
+        p, f = config.patch_size, config.conv_channels
+        if config.stem == "conv":
+            self.stem = nn.Sequential(nn.Conv2d(config.in_channels, f, kernel_size=3, padding=1), nn.SiLU())
+        else:
+            self.stem = None
+        stem_out = f if config.stem == "conv" else config.in_channels
+        self.patch_embed = nn.Conv2d(stem_out, config.dim, kernel_size=p, stride=p)
         if config.pos == "sincos":
             self.register_buffer("pos_embed", sincos_2d(config.dim, config.grid_size).unsqueeze(0), persistent=False)
         else:
@@ -233,12 +255,30 @@ class DiT(nn.Module):
         # the instantaneous velocity, so with d = 0 the model is an ordinary flow model.
         self.d_embed = TimestepEmbedder(config.dim) if config.shortcut else None
         self.build_blocks(config)
-        self.final = FinalLayer(config.dim, config.patch_size**2 * config.in_channels, config.norm)
+        head_out = f if config.head == "conv" else config.in_channels
+        self.final = FinalLayer(config.dim, p * p * head_out, config.norm)
+        self.head = nn.Conv2d(f, config.in_channels, kernel_size=3, padding=1) if config.head == "conv" else None
         self.reset_parameters()
 
     def build_blocks(self, config: DiTConfig) -> None:
         """The transformer trunk between the embeddings and the final layer (MMDiT builds its own)."""
         self.blocks = nn.ModuleList(DiTBlock(config) for _ in range(config.depth))
+        n_skips = config.depth // 2 if config.skips else 0
+        self.skip_proj = nn.ModuleList(nn.Linear(2 * config.dim, config.dim) for _ in range(n_skips))
+
+    def trunk(self, tokens: torch.Tensor, c: torch.Tensor, rope) -> torch.Tensor:
+        """tokens (N, T, D) through the blocks, the last depth // 2 of them fed by long skips if configured."""
+        n_skips = len(self.skip_proj)
+        first = len(self.blocks) - n_skips  # blocks before `first` keep their outputs for the skips
+        kept = []
+        for i, block in enumerate(self.blocks):
+            if i >= first:
+                proj = self.skip_proj[i - first]
+                tokens = proj(torch.cat([tokens, kept.pop()], dim=-1))  # (N, T, 2D) -> (N, T, D)
+            tokens = block(tokens, c, rope)
+            if i < n_skips:
+                kept.append(tokens)
+        return tokens
 
     @property
     def null_class(self) -> int:
@@ -273,8 +313,15 @@ class DiT(nn.Module):
             if isinstance(m, AdaLN):
                 nn.init.zeros_(m[-1].weight)
                 nn.init.zeros_(m[-1].bias)
-        nn.init.zeros_(self.final.linear.weight)  # the model predicts exactly zero at initialisation
-        nn.init.zeros_(self.final.linear.bias)
+        for proj in getattr(self, "skip_proj", ()):  # a skip starts closed: [I | 0] passes the stream on
+            nn.init.zeros_(proj.weight)
+            nn.init.zeros_(proj.bias)
+            with torch.no_grad():
+                proj.weight[:, : self.config.dim].copy_(torch.eye(self.config.dim))
+        # The model predicts exactly zero at initialisation: the last map of the head starts at zero.
+        last = self.head if self.head is not None else self.final.linear
+        nn.init.zeros_(last.weight)
+        nn.init.zeros_(last.bias)
 
     def token_params(self) -> int:
         """Weights of the linear maps applied to every token (patch embedding, QKV, projections, MLPs,
@@ -287,9 +334,13 @@ class DiT(nn.Module):
 
     def flops_per_image(self) -> int:
         """Forward FLOPs per image: 2 P T for the token matmuls plus 4 depth T^2 D for attention
-        (scores and weighted sum). A training step costs about 3x this (backward = 2x forward)."""
+        (scores and weighted sum), plus 2 weights H W for a full-resolution conv stem or head. A training
+        step costs about 3x this (backward = 2x forward)."""
         config = self.config
-        return 2 * self.token_params() * config.n_tokens + 4 * config.depth * config.n_tokens**2 * config.dim
+        convs = sum(m[0].weight.numel() if isinstance(m, nn.Sequential) else m.weight.numel()
+                    for m in (self.stem, self.head) if m is not None)  # fmt: skip
+        return (2 * self.token_params() * config.n_tokens + 4 * config.depth * config.n_tokens**2 * config.dim
+                + 2 * convs * config.img_size**2)  # fmt: skip
 
     def patchify(self, x: torch.Tensor) -> torch.Tensor:
         # Made contiguous once here: a transposed view would hand its layout on to every residual
@@ -298,7 +349,8 @@ class DiT(nn.Module):
 
     def unpatchify(self, x: torch.Tensor) -> torch.Tensor:
         """(N, T, p*p*C) -> (N, C, H, W), the inverse of cutting the image into row-major patches."""
-        n, p, c, g = x.shape[0], self.config.patch_size, self.config.in_channels, self.config.grid_size
+        n, p, g = x.shape[0], self.config.patch_size, self.config.grid_size
+        c = x.shape[2] // (p * p)
         x = x.reshape(n, g, g, p, p, c)  # (N, gh, gw, ph, pw, C)
         x = x.permute(0, 5, 1, 3, 2, 4)  # (N, C, gh, ph, gw, pw)
         return x.reshape(n, c, g * p, g * p)  # (N, C, H, W)
@@ -311,7 +363,7 @@ class DiT(nn.Module):
                 f"this model takes images of shape (N, {config.in_channels}, {config.img_size}, {config.img_size}), "
                 f"got {tuple(x.shape)}"
             )
-        tokens = self.patchify(x)  # (N, T, D)
+        tokens = self.patchify(x if self.stem is None else self.stem(x))  # (N, T, D)
         if self.pos_embed is not None:
             return tokens + self.pos_embed, None
         return tokens, (self.rope_cos, self.rope_sin)
@@ -346,9 +398,13 @@ class DiT(nn.Module):
         (shortcut models only) -> v (N, C, H, W)"""
         tokens, rope = self.embed_image(x)  # (N, T, D)
         c, _, _ = self.condition(t, y, d)  # (N, D); a text DiT reads the caption only through c
-        for block in self.blocks:
-            tokens = block(tokens, c, rope)
-        return self.velocity(x, t, self.unpatchify(self.final(tokens, c)))  # (N, C, H, W)
+        tokens = self.trunk(tokens, c, rope)  # (N, T, D)
+        return self.velocity(x, t, self.decode(tokens, c))  # (N, C, H, W)
+
+    def decode(self, tokens: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        """The network's output image (N, C, H, W) from the last tokens (N, T, D) and c (N, D)."""
+        out = self.unpatchify(self.final(tokens, c))  # (N, C or conv_channels, H, W)
+        return out if self.head is None else self.head(out)  # (N, C, H, W)
 
     def velocity(self, x: torch.Tensor, t: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """The velocity (N, C, H, W) from the network's output ``out`` for x_t (N, C, H, W) at t (N,).

@@ -49,6 +49,9 @@ class MMDiTConfig(DiTConfig):
                                f"{self.cond!r}; use `model` dit for class labels")  # fmt: skip
         if self.single_blocks < 0:
             raise TinyDiTError(f"MMDiTConfig.single_blocks must be >= 0, got {self.single_blocks}")
+        if self.skips:
+            raise TinyDiTError("MMDiT has no long skips (its trunk is joint blocks, then single-stream ones); "
+                               "drop skips")  # fmt: skip
         super().__post_init__()
 
 
@@ -215,4 +218,4 @@ class MMDiT(DiT):
             for block in self.single_blocks:
                 joint = block(joint, c, rope, keep)
             tokens = joint[:, :n_img]  # (N, T, D)
-        return self.velocity(x, t, self.unpatchify(self.final(tokens, c)))  # (N, C, H, W)
+        return self.velocity(x, t, self.decode(tokens, c))  # (N, C, H, W)
