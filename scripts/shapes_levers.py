@@ -60,7 +60,6 @@ def score(checkpoint: Path, n: int, spec: str, ema: bool = True, seed: int = 0) 
     strict = {k: round(v, 3) for k, v in strict_scores(u8, res.labels).items()}
     return {"sample": spec, "weights": "ema" if ema else "raw", "nfe": res.nfe, **strict,
             "shape": round(float(np.mean(hits)), 3),
-            "colours": round(float(np.mean([on_palette(img) for img in u8.numpy()])), 3),
             "palette": round(palette_share(u8), 3)}  # fmt: skip
 
 
@@ -79,6 +78,7 @@ def calibrate(n: int) -> list[dict]:
 
     from tinydit.data.shapes import SHAPES, ShapesDataset, read_shape
     from tinydit.eval.features import extract, load_feature_net
+    from tinydit.eval.shape_fit import on_palette
     from tinydit.images import from_uint8, to_uint8
 
     test = ShapesDataset(n=n, train=False)
@@ -93,26 +93,10 @@ def calibrate(n: int) -> list[dict]:
         hits = [read_shape(img)["shape"] == SHAPES[int(c)] for img, c in zip(u8.numpy(), labels, strict=True)]
         _, pred = extract(net, u8)
         rows.append({"images": name, "n": n, "shape": round(float(np.mean(hits)), 3),
-                     "colours": round(float(np.mean([on_palette(img) for img in u8.numpy()])), 3),
+                     "colours": round(float(on_palette(u8).mean()), 3),
                      "palette": round(palette_share(u8), 3),
                      "shapes_cnn": round(float((pred == labels).float().mean()), 3)})
     return rows
-
-
-def on_palette(img: np.ndarray) -> bool:
-    """Whether an image's background (its border's median) and its shape (the median of the pixels
-    far from the background) are both within 40/255 (RGB distance) of a palette colour."""
-    from tinydit.data.shapes import _PALETTE
-
-    img = img.astype(np.float32)
-    border = np.concatenate([img[:, 0], img[:, -1], img[:, 1:-1, 0], img[:, 1:-1, -1]], axis=1)
-    bg = np.median(border, axis=1)
-    pix = img.reshape(3, -1).T
-    far = pix[np.linalg.norm(pix - bg, axis=1) > 90]
-    if len(far) < 3:
-        return False  # no shape drawn
-    fg = np.median(far, axis=0)
-    return all(np.linalg.norm(_PALETTE - c, axis=1).min() < 40 for c in (bg, fg))
 
 
 def main() -> None:
