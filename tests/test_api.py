@@ -121,3 +121,6 @@ def test_presets_from_python_list_every_preset():
     assert sum(r["default"] for r in rows) == 2  # one default per model type
     dit = next(r for r in rows if r["preset"] == "dit-1.9m")
     assert dit["switches"] == {"mlp": "swiglu", "pred": "x"} and round(dit["params"] / 1e6, 1) == 1.9
+    shapes = next(r for r in rows if r["preset"] == "dit-1.4m")  # the pixel convolutions and skips are shown too
+    assert shapes["switches"] == {"qk_norm": True, "mlp": "swiglu", "pred": "x", "stem": "conv", "head": "conv",
+                                  "skips": True}  # fmt: skip

@@ -329,7 +329,7 @@ def presets() -> list[dict]:
     """Every model preset with its size: params for 32x32 RGB with 10 classes (class DiTs) and with the
     shapes captions' text encoder (``params_text``); ``switches``: where it differs from the original DiT;
     ``default``: the model type's default, ``default_on``: the data sets whose class runs default to it."""
-    base, shown = DiTConfig(), ("norm", "qk_norm", "mlp", "pos", "pred")
+    base, shown = DiTConfig(), ("norm", "qk_norm", "mlp", "pos", "pred", "stem", "head", "skips")
     rows = []
     for kind, table in MODEL_PRESETS.items():
         for name in table:
