@@ -19,6 +19,9 @@ one measured on Fashion-MNIST):
     qk_norm=True     RMS-normalise queries and keys per head (Dehghani et al. 2023; SD3)
     mlp="swiglu"     gated SiLU MLP (Shazeer 2020) at the same parameter count as the GELU MLP
     pos="rope"       2-D axial rotary positions (Su et al. 2021; Heo et al. 2024) instead of sin-cos
+    stem="conv"      a 3x3 convolution at full resolution before the patches
+    head="conv"      the output patches as features per pixel, then a 3x3 convolution (U-ViT, Bao et al. 2023)
+    skips=True       U-ViT's long skips from the first half of the blocks to the second
 """
 
 from __future__ import annotations
@@ -228,12 +231,11 @@ class DiT(nn.Module):
         super().__init__()
         self.config = config
         p, f = config.patch_size, config.conv_channels
+        self.stem = None  # pixels go straight into the patch embedding, as in DiT
         if config.stem == "conv":
             self.stem = nn.Sequential(nn.Conv2d(config.in_channels, f, kernel_size=3, padding=1), nn.SiLU())
-        else:
-            self.stem = None
-        stem_out = f if config.stem == "conv" else config.in_channels
-        self.patch_embed = nn.Conv2d(stem_out, config.dim, kernel_size=p, stride=p)
+        patch_in = f if self.stem is not None else config.in_channels
+        self.patch_embed = nn.Conv2d(patch_in, config.dim, kernel_size=p, stride=p)
         if config.pos == "sincos":
             self.register_buffer("pos_embed", sincos_2d(config.dim, config.grid_size).unsqueeze(0), persistent=False)
         else:
