@@ -147,6 +147,7 @@ def _paste(fg: np.ndarray, canvas: int = _CANVAS) -> np.ndarray:
 def fit_shapes(images, chunk: int = 256) -> ShapeFit:
     """Fit a clean render of every kind to each image's foreground (N images, (N, 3, H, W), float in
     [-1, 1] or uint8). Images larger than the canvas allows are refused."""
+    images = _as_uint8(images)  # once: the foreground and the colour test both read it
     fg = foreground(images)  # (N, H, W)
     if max(fg.shape[1:]) > _CANVAS - 8:
         raise ValueError(f"the shape judge takes images up to {_CANVAS - 8} px, got {fg.shape[1:]}")
@@ -189,6 +190,7 @@ def strict_scores(images, labels) -> dict[str, float]:
     """The strict judge's summary of class-conditional samples: the pass rate overall (``strict``) and per
     asked kind (``strict_circle`` ...), and the share with both colours on the palette (``colours``)."""
     labels = np.asarray(labels, dtype=np.int64)
+    images = _as_uint8(images)  # once, for the fit and the palette test
     passed = strict_pass(images, labels)
     out = {"strict": float(passed.mean())}
     for k, name in enumerate(SHAPES):
