@@ -47,6 +47,32 @@ def test_patchify_hands_on_contiguous_tokens():
     assert tokens.shape == (2, 16, 8) and tokens.is_contiguous()
 
 
+@pytest.mark.parametrize("channels, patch", [(3, 4), (16, 4), (16, 2), (1, 4)])
+def test_patchify_is_the_strided_convolution_of_its_weights(channels, patch):
+    cfg = DiTConfig(img_size=16, in_channels=channels, patch_size=patch, dim=32, depth=1, n_heads=2)
+    model = DiT(cfg)
+    torch.nn.init.normal_(model.patch_embed.bias)
+    x = torch.randn(3, channels, 16, 16)
+    want = F.conv2d(x, model.patch_embed.weight, model.patch_embed.bias, stride=patch)  # (N, D, g, g)
+    torch.testing.assert_close(model.patchify(x), want.flatten(2).transpose(1, 2), rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_autocast_forward_agrees_with_fp32_for_the_conv_stem():
+    """oneDNN's bf16 convolution for 16 input channels and a 4x4 stride-4 filter returns wrong values on
+    AMX CPUs; the conv stem feeds the patch embedding exactly those 16 channels. bf16 rounding alone stays
+    within a few percent of the fp32 output."""
+    torch.manual_seed(0)
+    model = DiT(DiTConfig(dim=64, depth=2, n_heads=2, patch_size=4, stem="conv", head="conv", skips=True)).eval()
+    for p in model.parameters():  # away from the zero-initialised output, so the whole path is compared
+        torch.nn.init.normal_(p, std=0.1)
+    x, t, y = torch.randn(8, 3, 32, 32), torch.rand(8), torch.randint(0, 10, (8,))
+    with torch.no_grad():
+        want = model(x, t, y)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = model(x, t, y).float()
+    assert ((got - want).norm() / want.norm()).item() < 0.05
+
+
 def test_output_depends_on_label_and_time_after_training_step():
     torch.manual_seed(0)
     cfg = SMALL[0]
