@@ -2,14 +2,25 @@
 no sampler flag is given, overridden flag by flag, and replaced by ``tinydit sweep --apply`` without
 touching the weights."""
 
+import json
+import re
 import shutil
 
+import pytest
 import torch
 from conftest import fast_config
 
 from tinydit import api
 from tinydit.cli import main
-from tinydit.config import recommended_sampling
+from tinydit.config import (
+    MODEL_PRESETS,
+    SAMPLING_DEFAULT,
+    SAMPLING_KEYS,
+    check_sampler_args,
+    read_sampling_records,
+    recommended_sampling,
+)
+from tinydit.errors import TinyDiTError
 from tinydit.models.checkpoint import load_checkpoint
 from tinydit.train import Trainer
 
@@ -21,11 +32,61 @@ def test_a_checkpoint_records_the_measured_settings_of_its_setup_or_says_it_has_
     fmnist = recommended_sampling("fashion-mnist", "dit-1.9m", "class")
     got = (fmnist["sampler"], fmnist["steps"], fmnist["cfg_scale"], fmnist["cfg_interval"])
     assert got == ("heun", 6, 3.5, [0.1, 0.8])
-    assert "docs/notes/sweeps.md" in fmnist["source"]
+    assert "tinydit sweep" in fmnist["source"]  # the command that measured it
     assert recommended_sampling("shapes", "mmdit-2.3m", "text")["sampler"] == "ancestral"
     assert recommended_sampling("fashion-mnist", "dit-1.9m", "class", "distill")["steps"] == 4  # a student's own
     record = load_checkpoint(tiny_run[0] / "checkpoint.pt")["sampling"]  # shapes dit-0.2m: nothing measured
     assert record["sampler"] == "euler" and "not measured" in record["source"]
+
+
+def test_every_shipped_sampling_record_is_settings_a_sampler_accepts_for_a_preset_that_exists():
+    records = read_sampling_records()
+    assert len(records) >= 6 and ("shapes", "dit-1.4m", "class") in records
+    presets = {name for table in MODEL_PRESETS.values() for name in table}
+    for (data, preset, cond), record in records.items():
+        assert preset in presets, (data, preset, cond)
+        settings = {k: v for k, v in record.items() if k != "source"}
+        assert set(settings) <= set(SAMPLING_KEYS) and record["source"]
+        check_sampler_args(**{**SAMPLING_DEFAULT, **settings})
+        assert recommended_sampling(data, preset, cond) == {**SAMPLING_DEFAULT, **record}  # what a run records
+
+
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        ({"preset": "dit-9m"}, "unknown preset 'dit-9m'"),
+        ({"cond": "text", "preset": "dit-1.4m", "data": "fashion-mnist"}, None),  # valid: text runs on dit
+        ({"cond": "class", "preset": "mmdit-2.3m"}, "takes `cond` text"),
+        ({"settings": {"sampler": "heun", "steps": 6, "cfg_scale": 3.5, "eta": 0.8}}, "add `sampler` ancestral"),
+        ({"settings": {"sampler": "heun", "steps": 6}}, "must give sampler, steps and cfg_scale"),
+        ({"settings": {"sampler": "heun", "steps": 6.5, "cfg_scale": 1.0}}, "`steps` must be an integer"),
+        ({"source": ""}, "`source`"),
+        ({"when": "today"}, "unknown fields when"),
+    ],
+)
+def test_a_broken_sampling_record_is_refused_by_name(tmp_path, change, error):
+    settings = {"sampler": "ancestral", "steps": 64, "cfg_scale": 50.0, "cfg_interval": [0.8, 1.0]}
+    record = {"data": "shapes", "preset": "dit-1.4m", "cond": "class", "source": "a test", "settings": settings}
+    path = tmp_path / "records.json"
+    path.write_text(json.dumps({"records": [{**record, **change}]}))
+    if error is None:
+        assert len(read_sampling_records(path)) == 1
+        return
+    with pytest.raises(TinyDiTError, match="record 0: .*" + re.escape(error)):
+        read_sampling_records(path)
+
+
+def test_a_missing_or_malformed_sampling_records_file_says_so(tmp_path):
+    with pytest.raises(TinyDiTError, match="missing: reinstall tinydit"):
+        read_sampling_records(tmp_path / "none.json")
+    (tmp_path / "bad.json").write_text('{"record": []}')
+    with pytest.raises(TinyDiTError, match="not a sampling records file"):
+        read_sampling_records(tmp_path / "bad.json")
+    two = {"data": "shapes", "preset": "dit-1.4m", "cond": "class", "source": "a test",
+           "settings": {"sampler": "euler", "steps": 8, "cfg_scale": 2.0}}  # fmt: skip
+    (tmp_path / "two.json").write_text(json.dumps({"records": [two, two]}))
+    with pytest.raises(TinyDiTError, match="record 1: a second record"):
+        read_sampling_records(tmp_path / "two.json")
 
 
 def _with_record(tiny_run, tmp_path, record) -> str:

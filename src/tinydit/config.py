@@ -7,12 +7,16 @@ A leaf of the package: it imports nothing that builds a model or reads data, so 
   from its fields and the comment beside each (``tinydit.cli``): a new option is one new field.
 * the preset tables of the model types (``MODEL_PRESETS``; the model classes are in ``tinydit.models``)
 * ``check_sampler_args``: the sampler settings every sampling entry point accepts
+* ``recommended_sampling``: the sampler settings a new checkpoint records, measured ones read from
+  ``sampling_records.json`` beside this module
 
 Errors name the parameter in backticks (`steps`); the CLI prints the flag in its place (--steps).
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -175,45 +179,15 @@ def check_sampler_args(
         raise TinyDiTError(f"`eta` must be in [0, 1] (0: deterministic, as Euler; 1: DDPM's noise), got {eta}")
 
 
-# The sampler settings a checkpoint records for sampling and evaluation ("sampling"), by data set, preset
-# and conditioning: the best measured within about 20 model evaluations per image, with where that was
-# measured. Anything else records SAMPLING_DEFAULT; `tinydit sweep --apply` records a run's own best.
+# The sampler settings a checkpoint records for sampling and evaluation ("sampling"): every key of
+# SAMPLING_KEYS and a "source" saying where they came from. A new run records the measured settings of its
+# data set, preset and conditioning (SAMPLING_RECORDS) if there are any, else SAMPLING_DEFAULT;
+# `tinydit sweep --apply` records a run's own best.
 SAMPLING_KEYS = ("sampler", "steps", "cfg_scale", "grid", "shift", "cfg_interval", "eta", "rtol", "atol")
 SAMPLING_DEFAULT = {"sampler": "euler", "steps": 32, "cfg_scale": 2.0, "grid": "uniform", "shift": None,
                     "cfg_interval": None, "eta": None, "rtol": None, "atol": None}  # fmt: skip
-RECOMMENDED_SAMPLING: dict[tuple[str, str, str], dict] = {
-    ("fashion-mnist", "dit-1.9m", "class"): {
-        "sampler": "heun", "steps": 6, "cfg_scale": 3.5, "cfg_interval": (0.1, 0.8),
-        "source": "docs/notes/sweeps.md: fid_fmnist_cnn 1.248 / 1.207 (10,000 samples, seeds 0 / 1) with 19 "
-                  "evaluations, against 1.229 / 1.203 for Heun 11's 37 (the 15-minute dit-1.9m, 2026-11-30)"},
-    ("fashion-mnist", "dit-0.2m", "class"): {
-        "sampler": "heun-first", "steps": 11, "cfg_scale": 3.5, "cfg_interval": (0.1, 0.9),
-        "source": "docs/notes/sweeps.md: fid_fmnist_cnn 1.448 / 1.471 (2 seeds, 10,000 samples) with 20 "
-                  "evaluations, the best measured on that checkpoint (2026-11-30)"},
-    # The class signal in a shapes model's velocity is small (the shape kind changes few pixels; colours
-    # and place change many), so it takes strong guidance, kept to the noisy end of the path where the
-    # layout is decided: below t = 0.7 a large scale paints the colour boundaries wrong and inflates the shapes.
-    # eta 0.8 (less fresh noise per step than DDPM's 1) drew more squares on the checkpoint it was tried on.
-    ("shapes", "dit-1.9m", "class"): {
-        "sampler": "ancestral", "steps": 64, "cfg_scale": 50.0, "cfg_interval": (0.75, 1.0), "eta": 0.8,
-        "source": "docs/notes/shapes_diagnosis.md section 9: read_shape draws the asked shape in 0.898 / 0.850 / "
-                  "0.888 of 400 samples of three lr-2e-3 runs (1,427, 1,327 and 2,200 steps), against 0.855 / "
-                  "0.835 / 0.873 for guidance 40 on [0.7, 1] at eta 1 (2026-12-01)"},
-    ("shapes", "dit-1.3m", "class"): {
-        "sampler": "ancestral", "steps": 64, "cfg_scale": 50.0, "cfg_interval": (0.75, 1.0), "eta": 0.8,
-        "source": "docs/notes/shapes_diagnosis.md section 10: read_shape draws the asked shape in 0.883 of 400 "
-                  "samples of a 5-minute run (1,729 steps), against 0.863 for guidance 40 on [0.7, 1] at eta 1, "
-                  "0.853 for 40 on [0.75, 1] and 0.815 for 60 on [0.8, 1] at eta 0.8 (2026-12-02)"},
-    ("shapes", "dit-1.4m", "class"): {
-        "sampler": "ancestral", "steps": 64, "cfg_scale": 50.0, "cfg_interval": (0.8, 1.0), "eta": 1.0,
-        "source": "docs/notes/shapes_diagnosis.md section 11: the best of nine settings by the strict shapes judge "
-                  "on 1,500-step runs (guidance 4 to 80, on [0.7, 1] to [0.85, 1], eta 0.8 and 1)"},
-    ("shapes", "mmdit-2.3m", "text"): {
-        "sampler": "ancestral", "steps": 64, "cfg_scale": 10.0, "cfg_interval": (0.3, 1.0),
-        "source": "docs/text_to_image.md: all-attribute prompt adherence 0.956 on seen prompts for the 20-minute "
-                  "MMDiT on render version 2 (2026-12-01; 0.912 / 0.907 on 2 seeds of version 1, the best measured "
-                  "there, 2026-11-30)"},
-}  # fmt: skip
+# Measurements, kept as data beside this module (package data) so that a new measurement changes no code.
+SAMPLING_RECORDS = Path(__file__).with_name("sampling_records.json")
 
 
 def split_sampling(settings: dict) -> tuple[str, int, float, dict]:
@@ -225,13 +199,65 @@ def split_sampling(settings: dict) -> tuple[str, int, float, dict]:
     return settings["sampler"], settings["steps"], settings["cfg_scale"], options
 
 
+@functools.cache  # read once per process, however many runs and checkpoints ask
+def read_sampling_records(path: Path = SAMPLING_RECORDS) -> dict[tuple[str, str, str], dict]:
+    """The measured sampler settings in ``path`` by (data, preset, cond), each the settings it gives (a
+    subset of SAMPLING_KEYS) and its "source". Read once per path and shared: copy a record to change it.
+
+    Every record is checked as it is read, so an edited file fails here, naming the record, rather than
+    in a training run that records its settings."""
+    try:
+        records = json.loads(Path(path).read_text())["records"]
+    except FileNotFoundError as err:
+        raise TinyDiTError(f"the sampling records {path} are missing: reinstall tinydit") from err
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise TinyDiTError(f"{path} is not a sampling records file (JSON with a list of `records`): "
+                           f"{type(err).__name__}: {err}") from err  # fmt: skip
+    table = {}
+    for i, record in enumerate(records):
+        try:
+            key, found = _check_sampling_record(record)
+        except (TinyDiTError, KeyError, TypeError, ValueError, AttributeError) as err:
+            raise TinyDiTError(f"{path}, record {i}: {err}") from err
+        if key in table:
+            raise TinyDiTError(f"{path}, record {i}: a second record for {key}; keep one")
+        table[key] = found
+    return table
+
+
+def _check_sampling_record(record: dict) -> tuple[tuple[str, str, str], dict]:
+    """One record of the sampling records file as its key and settings (with "source"); raises if invalid."""
+    unknown = set(record) - {"data", "preset", "cond", "settings", "source"}
+    if unknown:
+        raise TinyDiTError(f"unknown fields {', '.join(sorted(unknown))}")
+    data, preset, cond = record["data"], record["preset"], record["cond"]
+    if data not in BUILTIN_DATASETS:
+        raise TinyDiTError(f"`data` {data!r} is not a built-in data set ({', '.join(BUILTIN_DATASETS)})")
+    model = next((m for m, presets in MODEL_PRESETS.items() if preset in presets), None)
+    if model is None:
+        raise TinyDiTError(f"unknown preset {preset!r}")
+    if cond not in MODEL_CONDS[model]:
+        raise TinyDiTError(f"preset {preset} takes `cond` {' or '.join(MODEL_CONDS[model])}, got {cond!r}")
+    settings = dict(record["settings"])
+    unknown = set(settings) - set(SAMPLING_KEYS)
+    if unknown or not {"sampler", "steps", "cfg_scale"} <= set(settings):
+        raise TinyDiTError(f"`settings` {settings} must give sampler, steps and cfg_scale, and may give only "
+                           f"{', '.join(SAMPLING_KEYS)}")  # fmt: skip
+    if isinstance(settings["steps"], bool) or not isinstance(settings["steps"], int):
+        raise TinyDiTError(f"`steps` must be an integer, got {settings['steps']!r}")
+    check_sampler_args(**{**SAMPLING_DEFAULT, **settings})
+    if not isinstance(record["source"], str) or not record["source"]:
+        raise TinyDiTError("`source` must say how the settings were measured")
+    return (data, preset, cond), {**settings, "source": record["source"]}
+
+
 def recommended_sampling(data: str, preset: str, cond: str, few_step: str = "none") -> dict:
     """The sampler settings a new checkpoint records: complete (every key of SAMPLING_KEYS) and sourced."""
-    if few_step == "distill":
+    if few_step == "distill":  # guidance is in the teacher's paths, and the student learned Euler jumps
         found = {"sampler": "euler", "steps": 4, "cfg_scale": 1.0,
-                 "source": "a distilled student takes 1, 2, 4 or 8 Euler steps at guidance 1 (docs/few_step.md)"}
+                 "source": "a distilled student takes 1, 2, 4 or 8 Euler steps at guidance 1"}
     else:
-        found = RECOMMENDED_SAMPLING.get((canonical_name(data), preset, cond))
+        found = read_sampling_records().get((canonical_name(data), preset, cond))
     if found is None:
         return {**SAMPLING_DEFAULT, "source": "the default, not measured for this data set and preset: "
                                               "`tinydit sweep --apply` records the best for this checkpoint"}
