@@ -42,21 +42,20 @@ T_SAMPLINGS = ("uniform", "logit-normal")  # how training times are drawn (tinyd
 # A time-budget run measures its rate once this share of its budget has passed in the process (compiling,
 # caching and the first grid come before; the rate is steady by then); its cool-down must start after that.
 PLAN_AT = 0.1
-# Class runs on RGB data train on logit-normal times shifted by this towards noise: logit(t) ~ N(log 2.2, 1),
-# about JiT's N(0.8, 0.8) (Li & He 2025) for x-prediction (docs/notes/shapes_diagnosis.md).
+# Class runs on RGB data train on logit-normal times shifted by this towards noise, logit(t) ~ N(log 2.2, 1),
+# close to JiT's N(0.8, 0.8) for x-prediction (Li & He 2025): the class decides the layout at the noisy
+# end of the path, where its small signal needs the training steps.
 NOISEWARD_SHIFT = 2.2
 MAX_COOLDOWN_FRAC = 0.8
-# `minutes` runs let the learning rate fall over this last share of the budget unless told otherwise:
-# measured at 5 (shapes) and 15 minutes (Fashion-MNIST) in docs/notes/schedules.md.
+# `minutes` runs let the learning rate fall over this last share of the budget unless told otherwise: a
+# run that stops at its peak rate ends on noisy weights, and the fall scored better on both built-in data sets.
 BUDGET_COOLDOWN_FRAC = 0.2
-# The default batch per data set, else 128. On 2 CPU cores a batch-64 step takes little more than half a
-# batch-128 one, so five minutes hold 1.84x the steps: on shapes the EMA validation loss fell from 0.203 to
-# 0.175 and crosses stopped turning into triangles; a 15-minute Fashion-MNIST run at 64 scored a worse
-# fid_fmnist_cnn (0.890 against 0.657; docs/notes/shapes_diagnosis.md section 8, docs/notes/schedules.md).
+# The default batch per data set, else 128. On a CPU a batch-64 step costs little more than half a
+# batch-128 one, and shapes gains more from the extra steps than from the larger batch; Fashion-MNIST
+# scored worse at 64, so it keeps 128.
 DEFAULT_BATCH_SIZES = {"shapes": 64}
-# The default peak learning rate per data set, else 1e-3. On shapes at batch 64, 2e-3 lowered the EMA validation
-# loss at 2,200 steps from 0.195 to 0.175; 3e-3 and 4e-3 diverged by step 750 (docs/notes/shapes_diagnosis.md
-# section 9). The text-to-image recipe on shapes already trained at 2e-3 (docs/text_to_image.md).
+# The default peak learning rate per data set, else 1e-3. Shapes at batch 64 trains faster at 2e-3 (as its
+# text-to-image recipe already did), and that is its edge: higher rates diverge near the data.
 DEFAULT_LRS = {"shapes": 2e-3}
 KNOTS = 8  # distillation: the teacher's path is kept at t = 0, 1/8, ..., 1 (tinydit.flow.distill)
 
@@ -75,21 +74,20 @@ MODEL_CONDS: dict[str, tuple[str, ...]] = {"dit": CONDS, "mmdit": ("text",)}
 # for 32x32 RGB with 10 classes (tests/test_model.py checks each name against count_params).
 DIT_PRESETS: dict[str, dict] = {
     # pred="auto": the network predicts the clean image (x, JiT) on RGB data and the velocity (v) on
-    # grayscale. On 3-channel shapes x learned far faster (docs/notes/shapes_diagnosis.md); on
-    # Fashion-MNIST's 1-channel patches there is no bottleneck for x to remove, and in the ablation x
-    # scored worse (docs/notes/ablation.md). Old checkpoints (no field) load as v.
+    # grayscale. A 3-channel patch holds more noise than a narrow token can carry, which x-prediction
+    # avoids; 1-channel patches have no such bottleneck, and there x did worse. Old checkpoints (no field)
+    # load as v.
     "dit-0.2m": dict(dim=64, depth=2, n_heads=2, patch_size=4, pred="auto"),  # smoke tests: seconds per run
-    # dit-1.9m two blocks shallower: the shapes quick start's (DEFAULT_DATA_PRESETS). In five CPU minutes it
-    # ran 1.26-1.47x the steps, and the shapes' layout needs those more than the depth (two blocks fewer
-    # still drew fewer squares; docs/notes/shapes_diagnosis.md section 10).
+    # dit-1.9m two blocks shallower: in a few CPU minutes the shapes' layout gains more from the extra
+    # steps than from the depth (two blocks fewer again drew worse shapes).
     "dit-1.3m": dict(dim=128, depth=4, n_heads=4, patch_size=4, mlp="swiglu", pred="auto"),
     # dit-1.3m with pixel-level convolutions around the trunk (a 3x3 stem before the patches, a 3x3 head
     # after them, so neighbouring patches agree on an edge), U-ViT's long skips and QK-norm: the shapes
-    # quick start's (DEFAULT_DATA_PRESETS; docs/notes/shapes_diagnosis.md section 11).
+    # quick start's (DEFAULT_DATA_PRESETS).
     "dit-1.4m": dict(dim=128, depth=4, n_heads=4, patch_size=4, mlp="swiglu", qk_norm=True, stem="conv", head="conv",
                      skips=True, pred="auto"),
     # The CPU preset: minutes per run. SwiGLU is its one switch that won the equal-time ablation on
-    # Fashion-MNIST (docs/notes/ablation.md); RMSNorm, QK-norm and RoPE each scored worse and stay off.
+    # Fashion-MNIST; RMSNorm, QK-norm and RoPE each scored worse there and stay off.
     "dit-1.9m": dict(dim=128, depth=6, n_heads=4, patch_size=4, mlp="swiglu", pred="auto"),
     "dit-9.8m": dict(dim=256, depth=8, n_heads=4, patch_size=4, pred="auto"),  # a laptop hour, or a GPU
     "dit-32m": dict(dim=384, depth=12, n_heads=6, patch_size=2, pred="auto"),  # GPU: 256 tokens per 32x32 image
@@ -111,8 +109,8 @@ MMDIT_PRESETS: dict[str, dict] = {
 MODEL_PRESETS: dict[str, dict[str, dict]] = {"dit": DIT_PRESETS, "mmdit": MMDIT_PRESETS}
 DEFAULT_PRESETS: dict[str, str] = {"dit": "dit-1.9m", "mmdit": "mmdit-2.3m"}
 # The default preset of a (model, data set, conditioning), else DEFAULT_PRESETS. Shapes class runs take the
-# small model with pixel convolutions: at equal steps it drew more clean shapes than dit-1.3m, which had
-# won over the deeper dit-1.9m at equal time (docs/notes/shapes_diagnosis.md sections 10 and 11).
+# small model with pixel convolutions: their layout gains more from steps than from depth, and the
+# convolutions let neighbouring patches agree on an edge.
 # Fashion-MNIST and text runs were not measured with it.
 DEFAULT_DATA_PRESETS: dict[tuple[str, str, str], str] = {("dit", "shapes", "class"): "dit-1.4m"}
 
@@ -314,8 +312,8 @@ class TrainConfig:
     ema_decay: float = 0.999  # EMA of the weights used for sampling; warmed up as min(d, (1+s)/(10+s))
     class_dropout: float = 0.1  # probability of the null label (text: the empty caption), for guidance
     # Training times: uniform | logit-normal (SD3). None: logit-normal for text runs (it raised MMDiT's
-    # all-attribute accuracy on shapes, docs/text_to_image.md) and for class runs on RGB data, whose
-    # presets predict x (then also shifted towards noise, see `t_shift`); uniform on Fashion-MNIST.
+    # all-attribute accuracy on shapes) and for class runs on RGB data, whose presets predict x (then also
+    # shifted towards noise, see `t_shift`); uniform on Fashion-MNIST.
     t_sampling: str | None = None
     # none | shortcut: also train the model to take large steps (tinydit.flow.shortcut) | distill: train a
     # few-step student on the paths of a trained model, ``teacher`` (tinydit.flow.distill)
@@ -324,11 +322,10 @@ class TrainConfig:
     teacher_sampler: str = "heun"  # distill: how the teacher samples its paths (euler | heun | midpoint) ...
     teacher_steps: int = 8  # ... in this many uniform steps (a multiple of tinydit.flow.distill.KNOTS) ...
     teacher_cfg: float = 3.0  # ... with this guidance scale ...
-    teacher_cfg_interval: tuple[float, float] = (0.1, 0.8)  # ... applied for t in this interval (docs/few_step.md)
+    teacher_cfg_interval: tuple[float, float] = (0.1, 0.8)  # ... for t in this interval, which taught students best
     distill_paths: int = 40_000  # distill: how many teacher paths the student trains on
     # > 1 moves training times towards noise: t' = s t / (1 + (s - 1) t). None: NOISEWARD_SHIFT for class
-    # runs on RGB data (x-prediction trains where the layout is decided, as JiT does; shapes drew the asked
-    # shape far more often, docs/notes/shapes_diagnosis.md), else 1.
+    # runs on RGB data (x-prediction trains where the layout is decided, as JiT does), else 1.
     t_shift: float | None = None
     seed: int = 0  # the one seed behind data order, flips, times, noise and initial weights
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
