@@ -1,7 +1,7 @@
 """How the model runs on a device: the device itself, numeric precision, ``torch.compile`` and the
 kernel switches, chosen per device.
 
-The defaults are what measured fastest (benchmarks/README.md):
+The defaults are what measured fastest (``python benchmarks/bench_train.py --modes`` compares them):
 
 - CPU: bf16 autocast where a bf16 matmul is measured clearly faster than a fp32 one on this machine
   (``cpu_bf16_is_faster``: AMX, and some AVX512-BF16 parts), else fp32. Reporting native bf16 is not
@@ -10,7 +10,7 @@ The defaults are what measured fastest (benchmarks/README.md):
 - ``torch.compile`` on CPU makes a training step faster, but compiling takes tens of seconds at the
   start of a run, which only pays after minutes of training, and it needs a C++ compiler: ``auto``
   compiles a CPU training run only when its time budget is at least ``COMPILE_CPU_MINUTES`` and a
-  compiler is found, and never for sampling. The figures for both are in docs/speed.md.
+  compiler is found, and never for sampling.
 - CUDA: bf16 autocast where supported, and ``torch.compile``.
 
 Master weights, gradients, optimizer state and the EMA stay in fp32 in every mode: autocast lowers the
@@ -160,8 +160,7 @@ def resolve_precision(name: str, device: torch.device) -> str:
 
 # A CPU training run with a time budget of at least this many minutes compiles under `auto`. Compiling
 # costs tens of seconds of the budget (the first step, the first sample grid, the validation batch) and
-# then each step is faster: a 15-minute Fashion-MNIST run ended with the most steps compiled, and a 5-minute
-# shapes run with fewer (2,370 against 2,835 eager; docs/notes/schedules.md).
+# then each step is faster, so it pays only when enough budget is left to win those seconds back.
 COMPILE_CPU_MINUTES = 10.0
 
 

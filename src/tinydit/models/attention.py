@@ -11,7 +11,7 @@ Two kernels compute the same function:
 - ``matmul``: the formula written out as two batched matmuls and a softmax. At the token counts TinyDiT
   trains on a CPU (49-64 patches) the score matrices are small (4 MiB for a batch of 128 at T = 64 in
   bf16), and PyTorch's CPU flash-attention backward is slow in bf16 (``python
-  benchmarks/bench_attention.py``; the figures are in docs/speed.md and benchmarks/README.md).
+  benchmarks/bench_attention.py`` times both).
 
 ``auto`` (the default) picks ``matmul`` for bf16 on a CPU with native bf16 matmuls (AVX512-BF16, AMX),
 bf16 inputs or CPU autocast to bf16, where it was the faster kernel at every shape measured (T = 49 to

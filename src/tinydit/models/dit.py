@@ -13,8 +13,7 @@ optimisation and EMA in ``tinydit.train.trainer``.
 The text-conditioned DiT sees its caption only through the pooled vector in c: the baseline of the
 two-stream MMDiT (``tinydit.models.mmdit``), which builds on the pieces of this module.
 
-Switches from the post-2023 literature, each a ``DiTConfig`` field (see docs/notes/ablation.md for what each
-one measured on Fashion-MNIST):
+Switches from the post-2023 literature, each a ``DiTConfig`` field:
     norm="rmsnorm"   RMSNorm (Zhang & Sennrich 2019) instead of LayerNorm in the blocks
     qk_norm=True     RMS-normalise queries and keys per head (Dehghani et al. 2023; SD3)
     mlp="swiglu"     gated SiLU MLP (Shazeer 2020) at the same parameter count as the GELU MLP
@@ -424,7 +423,7 @@ class DiT(nn.Module):
         x-prediction (JiT, Li & He 2025): the network outputs the clean image, which lies near a
         low-dimensional manifold, and the velocity follows from the path, v = (x_t - x0) / t. A v- (or
         noise-) predicting network must instead carry the full-rank noise of every patch through its
-        width: with 3-channel 4x4 patches (48 values) and a 64-wide token it cannot (docs/notes/ablation.md).
+        width: with 3-channel 4x4 patches (48 values) and a 64-wide token it cannot.
         """
         if self.config.pred == "v":
             return out

@@ -34,7 +34,7 @@ def norm_modulate(norm: nn.Module, x: torch.Tensor, shift: torch.Tensor, scale: 
 
     Under CPU autocast the residual stream x stays fp32, and the linear map would take its input in
     bf16 anyway; casting x first lets the norm and the modulation run on half the bytes and saves the
-    linear map its own cast (measured in docs/speed.md, "Why the code is written as it is"). CUDA
+    linear map its own cast. CUDA
     autocast runs norms in fp32 whatever their input, so there x goes in as it is.
     """
     if x.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
@@ -179,7 +179,7 @@ class Mlp(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (N, T, D) -> (N, T, D), through a hidden width of mlp_ratio * D"""
         # The exact (erf) GELU, not DiT's tanh approximation: the two differ by < 1e-3, and the tanh
-        # form was several times slower on an AVX2 CPU (docs/speed.md).
+        # form was several times slower on an AVX2 CPU.
         return self.fc2(F.gelu(self.fc1(x)))
 
 
@@ -206,7 +206,7 @@ class SwiGLU(nn.Module):
         """x (N, T, D) -> (N, T, D)"""
         # Two matmuls on fc1's two halves rather than one on the whole and a split of its output: gate
         # and up come out contiguous, and the backward never concatenates two (N, T, hidden) gradients
-        # into one (docs/speed.md, "Why the code is written as it is").
+        # into one.
         w_gate, w_up = self.fc1.weight.chunk(2)  # 2 x (hidden, D), contiguous row blocks
         b_gate, b_up = self.fc1.bias.chunk(2)  # 2 x (hidden,)
         gate, up = token_linear(x, w_gate, b_gate), token_linear(x, w_up, b_up)  # 2 x (N, T, hidden)

@@ -9,7 +9,7 @@ oneDNN, and on some CPUs (our AMD EPYC among them) MKL runs far below oneDNN's r
 (``python benchmarks/bench_train.py`` prints both). A linear map applied to every token is a 1x1
 convolution over a one-pixel-wide image whose pixels are the tokens, and a contiguous (..., D) tensor
 already is such an image in channels-last layout, so the convolution reads and writes the tokens
-where they lie. What that gains is measured in docs/speed.md ("Why the code is written as it is").
+where they lie.
 
 Backends, chosen per process with ``LINEAR.use(name)`` (``linear_backend``) (for benchmarks and tests):
 
@@ -24,7 +24,7 @@ Backends, chosen per process with ``LINEAR.use(name)`` (``linear_backend``) (for
 
 PyTorch (2.14) hands a one-image fp32 convolution to oneDNN only above 20,480 input values and with
 more than one thread. Smaller inputs (one or two images) get its generic kernel, which copies them and
-was slightly slower than ``F.linear``, by too little to be worth a second rule (docs/speed.md). With
+was slightly slower than ``F.linear``, by too little to be worth a second rule. With
 one thread every input gets that kernel, the probe times it too, and it
 finds nothing to gain.
 
@@ -74,7 +74,7 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     Eager code calls the convolution directly. Compiled code calls it as one opaque operator
     (``tinydit::onednn_linear``, with its own backward), because Inductor would otherwise lay the
     one-pixel-wide image out channels-first, and oneDNN then converts it, in and out, at every call,
-    which made compiled code slower than eager (``benchmarks/bench_train.py --modes``; docs/speed.md).
+    which made compiled code slower than eager (``benchmarks/bench_train.py --modes``).
     """
     if x.numel() == 0:  # no pixels to convolve
         return F.linear(x, weight, bias)

@@ -19,8 +19,8 @@ def adamw(params, device: torch.device, lr: float, weight_decay: float = 0.0,
           fused: bool | None = None) -> torch.optim.AdamW:  # fmt: skip
     """The trainer's AdamW (betas 0.9, 0.99); ``fused`` None: PyTorch's fused kernel where it has one (CPU, CUDA).
 
-    The fused kernel does one pass over all parameters instead of a loop per tensor (timed in
-    docs/speed.md). Both compute the same update but round differently, so an exact resume needs the
+    The fused kernel does one pass over all parameters instead of a loop per tensor, which is faster.
+    Both compute the same update but round differently, so an exact resume needs the
     same one: a continued run keeps the one its checkpoint was written with (``tinydit.train.trainer``).
     """
     if fused is None:
