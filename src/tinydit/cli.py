@@ -63,7 +63,7 @@ TRAIN_CHOICES = {"model": tuple(MODEL_CONDS), "cond": CONDS, "t_sampling": T_SAM
 TRAIN_GROUPS = {
     "distillation (few_step distill; the student copies the teacher's architecture)":
         ("teacher", "teacher_sampler", "teacher_steps", "teacher_cfg", "teacher_cfg_interval", "distill_paths"),
-    "architecture switches (default: the preset's; see docs/notes/ablation.md)":
+    "architecture switches (default: the preset's; see the Architecture ablation notes of the guide)":
         ("norm", "qk_norm", "mlp", "pos", "pred"),
     "logging, samples and checkpoints": ("log_every", "val_every", "val_size", "sample_every", "ckpt_every",
                                          "sample_steps", "sample_cfg", "tensorboard", "report"),
@@ -145,8 +145,8 @@ def _add_sampler_args(p: argparse.ArgumentParser, steps: bool = True) -> None:
     so a bad value is one clear line)."""
     if steps:
         p.add_argument("--sampler", default=None,
-                       help=f"{' | '.join(SAMPLER_NAMES)} (docs/sampling.md); default: the checkpoint's recorded "
-                            "settings, for this and every sampler flag not given")
+                       help=f"{' | '.join(SAMPLER_NAMES)} (the guide's Sampling page); default: the checkpoint's "
+                            "recorded settings, for this and every sampler flag not given")
         p.add_argument("--steps", type=int, default=None,
                        help="steps of a fixed-step sampler (heun and midpoint evaluate twice per step); "
                             "dopri5: sets only its first trial step")

@@ -6,10 +6,9 @@ colour. Colours come from a fixed palette of the 6 saturated inset corners of th
 cube, so they are far apart and can be read back from pixels reliably, which lets
 ``read_shape`` score generated samples (shape / colour / background accuracy).
 
-Render version 2 (2026-12-01) dropped white and black from the palette and raised the
-smallest size from 9 to 12 px: a five-minute CPU model drew speckle on white and black
-backgrounds and could not draw the smallest crosses through 4x4 patches
-(docs/notes/shapes_diagnosis.md section 8).
+Render version 2 dropped white and black from the palette and raised the smallest size
+from 9 to 12 px: a five-minute CPU model drew speckle on white and black backgrounds and
+could not draw the smallest crosses through 4x4 patches.
 
 Everything is deterministic per seed: ``make_shapes(n, seed)`` draws a fixed row
 of uniforms per image, so image ``i`` does not depend on ``n``. The class label is

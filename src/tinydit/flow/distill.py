@@ -1,9 +1,9 @@
 """Trajectory distillation: a few-step student from a trained flow model, the teacher.
 
 Shortcut models (``tinydit.flow.shortcut``) learn large steps with no teacher, by making one step of 2d
-agree with two of d, level by level; in 15 CPU minutes the one-step level gets the least of that
-training (docs/few_step.md). With a trained model at hand there is a shorter way: run its best
-sampler, guidance included, and have a student jump straight along the paths it records.
+agree with two of d, level by level; the one-step level comes last in that chain, so a short run trains
+it least. With a trained model at hand there is a shorter way: run its best sampler, guidance
+included, and have a student jump straight along the paths it records.
 
 1. **Teacher paths** (``tinydit.train.teacher``). For N noise images and class-balanced labels, the
    teacher's sampler (Heun by
@@ -23,7 +23,7 @@ sampler, guidance included, and have a student jump straight along the paths it 
 This is knowledge distillation (Luhman & Luhman 2021) at several step sizes, on the fixed couplings
 of reflow (Liu et al. 2023) with the shortcut models' step-size conditioning (Frans et al. 2024).
 Its extra cost is the teacher's sampling (``teacher_nfe`` evaluations per path) plus the student's
-training; ``docs/few_step.md`` has both, measured.
+training.
 """
 
 from __future__ import annotations

@@ -133,8 +133,7 @@ def heun_sample(
     As in Karras et al., the last step, to t = 0, is a plain Euler step, so the model is never asked
     for the velocity at t = 0. Near the data the field is nearly singular (v = (x - E[x0 | x]) / t
     off the data), so the corrector's evaluation there at the predictor's off-data point hurts, most at
-    few steps (docs/notes/sweeps.md has the measurement). One Euler step adds an O(dt^2) error once,
-    so the method stays second order.
+    few steps. One Euler step adds an O(dt^2) error once, so the method stays second order.
     """
     return _fixed_steps("heun", _heun_step, model, noise, y, steps, cfg_scale, grid, shift, cfg_interval)
 
@@ -185,8 +184,8 @@ def heun_first_sample(
     velocities (steps when steps = 1, whose only step ends at t = 0 and stays Euler, as in ``heun``).
 
     On a small Fashion-MNIST model the first step, out of the noise, was where Euler lost the most, and
-    this sampler beat both Euler and Heun at about 20 evaluations; on a larger one Heun gained far more
-    (docs/notes/sweeps.md): measure on your own model. With a guidance interval below t = 1 the extra
+    this sampler beat both Euler and Heun at about 20 evaluations; on a larger one Heun gained far more,
+    so measure on your own model. With a guidance interval below t = 1 the extra
     velocity is unguided, so it costs one evaluation. Still order 1: the later steps are Euler's.
     """
     return _fixed_steps("heun-first", _heun_first_step, model, noise, y, steps, cfg_scale, grid, shift, cfg_interval)

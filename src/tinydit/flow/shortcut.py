@@ -13,8 +13,9 @@ that step, so that x_{t-d} = x_t - d s(x_t, t, d) (t = 1 is noise, see ``tinydit
   with the target computed without gradients, for d = 2^-k, k = 1..``levels``, and t in [2d, 1].
 
 Cost per step: the two target evaluations run on ``sc_fraction`` of the batch without a backward
-pass, about +17% compute at the default 1/4 (docs/few_step.md has the measured figure). No Jacobian-
-vector products are needed, so it runs on any device with any attention kernel.
+pass, and a forward pass is about a third of a training step's compute, so the default 1/4 adds about
+2 x 1/4 x 1/3 = 17%. No Jacobian-vector products are needed, so it runs on any device with any
+attention kernel.
 """
 
 from __future__ import annotations
