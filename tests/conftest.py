@@ -1,3 +1,4 @@
+import os
 import shutil
 
 import pytest
@@ -5,6 +6,12 @@ import torch
 
 from tinydit.config import TrainConfig
 from tinydit.train import Trainer
+
+# pytest-xdist workers (the suite runs with `-n`, see pyproject.toml) share the machine's cores: one thread
+# each, here and in the CLI processes the tests start, so that two workers do not fight over two cores.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
 
 FAST = dict(preset="dit-0.2m", batch_size=16, limit=256, val_size=32, log_every=2, val_every=4,
             sample_every=1000, ckpt_every=1000, sample_steps=2, warmup=2, precision="fp32", report=False)  # fmt: skip

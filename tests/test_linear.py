@@ -163,9 +163,17 @@ def test_the_models_token_linears_go_through_the_chosen_kernel(monkeypatch, prob
     assert [k for k in convs if k == 1] == []
 
 
-@pytest.mark.skipif(not torch.backends.mkldnn.is_available() or torch.get_num_threads() < 2,
-                    reason="PyTorch sends a one-image convolution to oneDNN only with oneDNN and 2+ threads")
-def test_onednn_linear_at_a_size_that_reaches_onednn_matches_f_linear_forward_and_backward():
+@pytest.fixture
+def two_threads():
+    """PyTorch sends a one-image convolution to oneDNN only with 2+ threads; a parallel worker has one."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="PyTorch built without oneDNN")
+def test_onednn_linear_at_a_size_that_reaches_onednn_matches_f_linear_forward_and_backward(two_threads):
     """Above 20,480 input values PyTorch runs the convolution through oneDNN (smaller ones through a
     generic kernel): this is the kernel that fp32 training on a CPU uses."""
     from torch.profiler import ProfilerActivity, profile
