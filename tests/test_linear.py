@@ -152,8 +152,9 @@ def test_the_models_token_linears_go_through_the_chosen_kernel(monkeypatch, prob
     x, t, y = torch.randn(2, 3, 8, 8), torch.rand(2), torch.tensor([0, 1])
     probe_says(True)
     model(x, t, y)
-    one_by_one = [k for k in convs if k == 1]  # the patch embedding is a 2x2 convolution of its own
-    assert len(one_by_one) == maps_per_block * model.config.depth + 1  # QKV, projection, MLP; output layer
+    one_by_one = [k for k in convs if k == 1]
+    # QKV, projection, MLP per block; the patch embedding and the output layer
+    assert len(one_by_one) == maps_per_block * model.config.depth + 2
     convs.clear()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         model(x, t, y)

@@ -29,7 +29,6 @@ from dataclasses import asdict, dataclass, fields
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from tinydit.config import CONDS, DEFAULT_PRESETS, MLPS, MODEL_PRESETS, NORMS, POSITIONS, PREDICTIONS
 from tinydit.errors import TinyDiTError
@@ -44,6 +43,7 @@ from tinydit.models.layers import (
     rope_2d,
     sincos_2d,
 )
+from tinydit.models.linear import token_linear
 from tinydit.models.text_encoder import TextEncoder
 from tinydit.tokens import empty_like
 
@@ -347,16 +347,17 @@ class DiT(nn.Module):
     def patchify(self, x: torch.Tensor) -> torch.Tensor:
         """(N, C, H, W) -> tokens (N, T, D): each row-major p x p patch through ``patch_embed``'s weights.
 
-        The strided convolution is computed as one matmul over the cut patches, never by the convolution
-        kernel: oneDNN's bf16 kernel for a 16-channel input with a 4x4 stride-4 filter returns wrong values
-        on AMX CPUs (torch 2.14), and the matmul also leaves the tokens contiguous, so no residual addition
-        after it inherits a transposed layout."""
+        The strided convolution is computed as a token linear map over the cut patches (``token_linear``,
+        the kernel the other token maps use), never by the convolution kernel: oneDNN's bf16 kernel for a
+        16-channel input with a 4x4 stride-4 filter returns wrong values on AMX CPUs (torch 2.14), and the
+        linear map also leaves the tokens contiguous, so no residual addition after it inherits a
+        transposed layout."""
         n, c, h, w = x.shape
         p = self.config.patch_size
         patches = x.reshape(n, c, h // p, p, w // p, p).permute(0, 2, 4, 1, 3, 5)  # (N, gh, gw, C, ph, pw)
         patches = patches.reshape(n, (h // p) * (w // p), c * p * p)  # (N, T, C p p), the conv weight's order
         weight = self.patch_embed.weight.reshape(self.patch_embed.out_channels, -1)  # (D, C p p)
-        return F.linear(patches, weight, self.patch_embed.bias)  # (N, T, D)
+        return token_linear(patches, weight, self.patch_embed.bias)  # (N, T, D)
 
     def unpatchify(self, x: torch.Tensor) -> torch.Tensor:
         """(N, T, p*p*C) -> (N, C, H, W), the inverse of cutting the image into row-major patches."""
