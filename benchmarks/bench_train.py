@@ -51,7 +51,7 @@ import torch
 from tinydit.config import TrainConfig
 from tinydit.flow import flow_loss
 from tinydit.flow.distill import KNOTS, distill_loss
-from tinydit.flow.samplers import euler_sample, sample_path
+from tinydit.flow.samplers import sample, sample_path
 from tinydit.flow.shortcut import shortcut_loss
 from tinydit.models.attention import BACKENDS, attention_backend, resolve_backend
 from tinydit.models.dit import PRESETS, SWITCHES, DiT, DiTConfig, count_params, get_preset
@@ -277,12 +277,12 @@ def sample_rate(w: Workload, n: int, steps: int) -> float:
     y = torch.arange(n, device=w.device) % cfg.n_classes
     forward = maybe_compile(w.ema, w.forward is not w.model)
     with w.kernels():
-        euler_sample(forward, noise, y, 2, 2.0)  # warm-up
+        sample("euler", forward, noise, y, 2, 2.0)  # warm-up
         rates = []
         for _ in range(3):
             sync(w.device)
             start = time.perf_counter()
-            euler_sample(forward, noise, y, steps, 2.0)
+            sample("euler", forward, noise, y, steps, 2.0)
             sync(w.device)
             rates.append(n / (time.perf_counter() - start))
     return statistics.median(rates)

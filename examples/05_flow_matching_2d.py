@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from tinydit.flow import flow_loss
-from tinydit.flow.samplers import euler_sample
+from tinydit.flow.samplers import sample
 
 
 class VelocityMLP(nn.Module):
@@ -53,7 +53,7 @@ def main() -> None:
             print(f"step {step:5d}  flow-matching loss {loss.item():.4f}")
 
     noise = torch.randn(2000, 2, generator=gen)
-    res = euler_sample(model, noise, torch.zeros(2000, dtype=torch.long), steps=50)
+    res = sample("euler", model, noise, torch.zeros(2000, dtype=torch.long), steps=50)
     radius = res.x.norm(dim=1)
     print(f"noise radius {noise.norm(dim=1).mean():.2f} -> sample radius {radius.mean():.3f} "
           f"(std {radius.std():.3f}) in {res.nfe} model evaluations; the data lie at radius 1")

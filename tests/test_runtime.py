@@ -5,7 +5,7 @@ import torch
 from conftest import fast_config
 
 from tinydit.errors import TinyDiTError
-from tinydit.flow.samplers import euler_sample
+from tinydit.flow.samplers import sample
 from tinydit.models.checkpoint import load_checkpoint, load_model, unwrap
 from tinydit.models.dit import DiTConfig
 from tinydit.runtime import autocast, resolve_compile, resolve_precision
@@ -80,8 +80,9 @@ def test_compiled_training_saves_plain_weights_that_load_into_either_module(tmp_
     compiled = trainer.ema_forward  # already compiled for the sample grid: 8 images of each of 4 classes
     unwrap(compiled).load_state_dict(state["ema"])  # the same plain state dict goes into the compiled one
     noise, y = torch.randn(32, 3, 32, 32), torch.arange(32) % 4
-    eager = euler_sample(model, noise, y, steps=1, cfg_scale=2.0).x
-    torch.testing.assert_close(euler_sample(compiled, noise, y, steps=1, cfg_scale=2.0).x, eager, rtol=1e-4, atol=1e-4)
+    eager = sample("euler", model, noise, y, steps=1, cfg_scale=2.0).x
+    compiled_x = sample("euler", compiled, noise, y, steps=1, cfg_scale=2.0).x
+    torch.testing.assert_close(compiled_x, eager, rtol=1e-4, atol=1e-4)
 
 
 def test_precision_and_compile_do_not_change_the_run_identity(tmp_path):

@@ -146,13 +146,13 @@ def test_the_run_sample_grids_draw_with_the_recorded_settings(tmp_path, monkeypa
     import tinydit.train.diagnostics as diagnostics
 
     calls = []
+    real = diagnostics.sample
 
-    def spy(name):
-        real = diagnostics._UNCHECKED[name]
-        return lambda *args, **kw: calls.append((name, args[3], args[4], kw.get("cfg_interval"))) or real(*args, **kw)
+    def spy(name, *args, **kw):  # sample(name, model, noise, y, steps, cfg_scale, **options)
+        calls.append((name, args[3], args[4], kw.get("cfg_interval")))
+        return real(name, *args, **kw)
 
-    monkeypatch.setitem(diagnostics._UNCHECKED, "heun", spy("heun"))
-    monkeypatch.setitem(diagnostics._UNCHECKED, "euler", spy("euler"))
+    monkeypatch.setattr(diagnostics, "sample", spy)
     trainer = Trainer(fast_config(tmp_path / "a", steps=1, sample_steps=None, sample_cfg=None), progress=False)
     trainer.sampling = dict(HEUN)
     trainer.fit()

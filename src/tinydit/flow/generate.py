@@ -9,8 +9,9 @@ from torch import nn
 from tinydit.config import check_sampler_args
 from tinydit.distributed import SINGLE, World
 from tinydit.errors import TinyDiTError
-from tinydit.flow.grids import DEFAULT_SHIFT
-from tinydit.flow.samplers import _UNCHECKED, DEFAULT_ETA, DEFAULT_TOL, SampleResult
+from tinydit.flow.grids import DEFAULT_SHIFT, checked_time_grid
+from tinydit.flow.guidance import Velocity
+from tinydit.flow.samplers import DEFAULT_ETA, DEFAULT_TOL, SAMPLERS, SampleResult
 from tinydit.progress import Progress
 
 __all__ = ["class_cycle", "generate", "sampler_settings"]
@@ -64,15 +65,17 @@ def generate(
         gen = torch.Generator().manual_seed(seed * 1_000_003 + world.rank + 1)
     extra = {"generator": gen} if sampler == "ancestral" else {}  # its fresh noise: the same stream, on
     options = {k: v for k, v in options.items() if v is not None}  # None: the sampler's default
-    run = _UNCHECKED[sampler]
+    grid = checked_time_grid(steps, options.pop("grid", "uniform"), options.pop("shift", None))
+    cfg_interval = options.pop("cfg_interval", None)
+    run = SAMPLERS[sampler]
     out, evals = [], 0
     # a bar on a terminal, else a line now and then; under torchrun rank 0's share stands for all
     bar = Progress(len(y), "sample", unit="image", enabled=progress and world.main)
     for i in range(0, len(y), batch_size):
         x1, yb = noise[i : i + batch_size].to(device), y[i : i + batch_size].to(device)
-        res = run(model, x1, yb, steps, cfg_scale, **options, **extra)
-        out.append(res.x.cpu())
-        evals += res.nfe * len(yb)
+        velocity = Velocity(model, yb, cfg_scale, cfg_interval)
+        out.append(run(velocity, x1, grid, **options, **extra).cpu())
+        evals += velocity.nfe * len(yb)
         bar.update(len(yb))
     bar.close()
     x = torch.cat(out) if out else noise[:0]

@@ -1,30 +1,35 @@
-"""Samplers: integrate the learned velocity from noise (t = 1) to data (t = 0).
+"""Samplers: integrate a velocity field over a time grid, from noise (t = 1) to data (t = 0).
 
-See ``tinydit.flow.path`` for the time convention. Every sampler has the same signature,
+See ``tinydit.flow.path`` for the time convention. Every sampler has one signature, as k-diffusion's
+``sample_euler(model, x, sigmas)`` and flow_matching's ``ODESolver.sample(time_grid=...)``:
 
-    sampler(model, noise, y, steps, cfg_scale, *, grid="uniform", shift=None, cfg_interval=None)
-        -> SampleResult(x, nfe)
+    sampler(velocity, x, grid, **options) -> x
 
-    noise: (N, C, H, W) at t = 1,  y: (N,) labels or (N, L) caption ids,  returns x: (N, C, H, W) at t = 0
+    velocity: v = velocity(x, t), the field dx/dt at a float time t (``tinydit.flow.guidance.Velocity``: the
+              model, guided where asked, counting its evaluations);
+    x: (N, C, H, W) at t = grid[0];  grid: (steps + 1,) times falling from grid[0] to grid[-1]
+    (``tinydit.flow.grids``: 1 -> 0);  returns x: (N, C, H, W) at t = grid[-1].
 
-and reports ``nfe``: the exact number of model evaluations per image. With guidance on, one velocity
-evaluates the model on the conditional and the unconditional input (batched into one forward pass),
-so it counts as two; outside the guidance interval it counts as one. ``SAMPLERS`` names them:
+``SAMPLERS`` names them:
 
-    euler     1st order, 1 velocity per step
-    heun      2nd order (trapezoidal predictor-corrector), 2 per step, 1 for the last (Euler) step to t = 0
-    midpoint  2nd order (explicit midpoint), 2 per step; never evaluates the model at t = 0
-    dopri5    Dormand-Prince 5(4), adaptive steps under ``rtol``/``atol``; ``steps`` only sets the first trial step
-    ancestral stochastic (DDIM's eta family on the straight path), 1 velocity per step; ``eta`` = 0 is Euler
-    heun-first  Euler with a Heun step out of the noise: 1 velocity per step, 2 for the first
+    euler       1st order, 1 velocity per step
+    heun        2nd order (trapezoidal predictor-corrector), 2 per step, 1 for a last (Euler) step to t = 0
+    midpoint    2nd order (explicit midpoint), 2 per step; never evaluates the field at t = 0
+    heun-first  Euler with a Heun step out of the noise (t = 1): 1 velocity per step, 2 for the first
+    ancestral   stochastic (DDIM's eta family on the straight path), 1 velocity per step; ``eta`` = 0 is Euler
+    dopri5      Dormand-Prince 5(4), adaptive steps under ``rtol``/``atol``; the grid sets only the ends and
+                the first trial step
 
-All images of a batch share one time t, so guidance is switched on or off for the whole batch.
-Time grids (where the fixed-step samplers step) are separate functions in ``tinydit.flow.grids``, chosen by name.
+``sample(name, model, noise, y, steps, cfg_scale, ...)`` is the entry point most callers want: it checks the
+settings once, builds the grid and the guided field, runs the sampler and reports ``nfe``, the exact number
+of model evaluations per image. With guidance on, one velocity evaluates the model on the conditional and
+the unconditional input (batched into one forward pass), so it counts as two; outside the guidance
+interval it counts as one. All images of a batch share one time t, so guidance is switched on or off for
+the whole batch.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,8 +42,10 @@ from tinydit.errors import TinyDiTError
 from tinydit.flow.grids import checked_time_grid, uniform_grid
 from tinydit.flow.guidance import Velocity
 
-__all__ = ["SampleResult", "SAMPLERS", "sample", "sample_path", "euler_sample", "heun_sample", "midpoint_sample",
-           "heun_first_sample", "dopri5_sample", "ancestral_sample", "DEFAULT_TOL", "DEFAULT_ETA"]  # fmt: skip
+__all__ = ["SampleResult", "SAMPLERS", "sample", "sample_path", "euler", "heun", "midpoint", "heun_first",
+           "ancestral", "dopri5", "DEFAULT_TOL", "DEFAULT_ETA"]  # fmt: skip
+
+Field = Callable[[torch.Tensor, float], torch.Tensor]  # v = velocity(x, t); Velocity also takes d=, the step
 
 
 @dataclass
@@ -47,189 +54,92 @@ class SampleResult:
     nfe: int | float  # model evaluations per image (``generate`` averages over batches, see there)
 
 
-SAMPLERS: dict[str, Callable[..., SampleResult]] = {}  # name -> the sampler, its arguments checked
-_UNCHECKED: dict[str, Callable[..., SampleResult]] = {}  # name -> the same sampler, for callers that checked
+def _times(grid: torch.Tensor) -> list[float]:
+    """The grid as floats, after checking that it is one falling sequence of at least two times."""
+    if not torch.is_tensor(grid) or grid.dim() != 1 or len(grid) < 2:
+        raise TinyDiTError(f"a time grid is a 1-D tensor of at least 2 times (steps + 1), got "
+                           f"{tuple(grid.shape) if torch.is_tensor(grid) else type(grid).__name__}")  # fmt: skip
+    ts = grid.tolist()
+    if not all(a > b for a, b in zip(ts[:-1], ts[1:], strict=False)) or ts[0] > 1 or ts[-1] < 0:
+        raise TinyDiTError(f"a time grid falls strictly from at most 1 (noise) to at least 0 (data), got {ts}")
+    return ts
 
 
-def _sampler(name: str) -> Callable:
-    """Register a sampler under ``name``: called directly it checks its settings once, then runs;
-    ``sample`` and ``generate`` check once themselves and run the unchecked one batch after batch."""
-
-    def register(impl: Callable[..., SampleResult]) -> Callable[..., SampleResult]:
-        impl = torch.no_grad()(impl)
-
-        @functools.wraps(impl)
-        def checked(model, noise, y, steps: int = 32, cfg_scale: float = 1.0, **options) -> SampleResult:
-            check_sampler_args(steps, cfg_scale, name, **{k: v for k, v in options.items() if k != "generator"})
-            return impl(model, noise, y, steps, cfg_scale, **options)
-
-        _UNCHECKED[name], SAMPLERS[name] = impl, checked
-        return checked
-
-    return register
+def _walk(step: Callable[[Field, torch.Tensor, float, float], torch.Tensor], velocity: Field, x: torch.Tensor,
+          grid: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """Walk the grid with ``step(velocity, x, t, t_next) -> x``."""
+    ts = _times(grid)
+    for t, t_next in zip(ts[:-1], ts[1:], strict=True):
+        x = step(velocity, x, t, t_next)
+    return x
 
 
 # --- fixed-step samplers ------------------------------------------------------------------------------------
 
 
-def _fixed_steps(
-    name: str,
-    step: Callable[[Velocity, torch.Tensor, float, float], torch.Tensor],
-    model: nn.Module,
-    noise: torch.Tensor,
-    y: torch.Tensor,
-    steps: int,
-    cfg_scale: float,
-    grid: str,
-    shift: float | None,
-    cfg_interval: tuple[float, float] | None,
-) -> SampleResult:
-    """Walk the time grid from t = 1 to t = 0 with ``step(f, x, t, t_next) -> x``, counting evaluations."""
-    f, ts = Velocity(model, y, cfg_scale, cfg_interval), checked_time_grid(steps, grid, shift).tolist()
-    x = noise
-    for t, t_next in zip(ts[:-1], ts[1:], strict=True):
-        x = step(f, x, t, t_next)
-    return SampleResult(x, f.nfe)
+def _euler_step(f: Field, x: torch.Tensor, t: float, t_next: float) -> torch.Tensor:
+    # dt = t_next - t is negative: from noise to data. A shortcut model is told the step's size |dt|.
+    v = f(x, t, d=t - t_next) if isinstance(f, Velocity) else f(x, t)
+    return x + (t_next - t) * v
 
 
-@_sampler("euler")
-def euler_sample(
-    model: nn.Module,
-    noise: torch.Tensor,
-    y: torch.Tensor,
-    steps: int = 32,
-    cfg_scale: float = 1.0,
-    *,
-    grid: str = "uniform",
-    shift: float | None = None,
-    cfg_interval: tuple[float, float] | None = None,
-) -> SampleResult:
-    """Euler's method on dx/dt = v: x_{t + dt} = x_t + dt v(x_t, t), with dt < 0. Order 1.
-
-    With a shortcut model each step also tells the model its size |dt|, which is how shortcut models
-    take 1, 2 or 4 large steps (``tinydit.flow.shortcut``)."""
-    return _fixed_steps("euler", _euler_step, model, noise, y, steps, cfg_scale, grid, shift, cfg_interval)
-
-
-def _euler_step(f: Velocity, x: torch.Tensor, t: float, t_next: float) -> torch.Tensor:
-    return x + (t_next - t) * f(x, t, d=t - t_next)  # dt = t_next - t is negative: from noise to data
-
-
-@_sampler("heun")
-def heun_sample(
-    model: nn.Module,
-    noise: torch.Tensor,
-    y: torch.Tensor,
-    steps: int = 32,
-    cfg_scale: float = 1.0,
-    *,
-    grid: str = "uniform",
-    shift: float | None = None,
-    cfg_interval: tuple[float, float] | None = None,
-) -> SampleResult:
-    """Heun's method (Karras et al. 2022, alg. 1): an Euler predictor, then the trapezoidal corrector
-    x_{t + dt} = x_t + dt (v(x_t, t) + v(x_pred, t + dt)) / 2. Order 2; nfe = 2 steps - 1 (x2 when guided).
-
-    As in Karras et al., the last step, to t = 0, is a plain Euler step, so the model is never asked
-    for the velocity at t = 0. Near the data the field is nearly singular (v = (x - E[x0 | x]) / t
-    off the data), so the corrector's evaluation there at the predictor's off-data point hurts, most at
-    few steps. One Euler step adds an O(dt^2) error once, so the method stays second order.
-    """
-    return _fixed_steps("heun", _heun_step, model, noise, y, steps, cfg_scale, grid, shift, cfg_interval)
-
-
-def _heun_step(f: Velocity, x: torch.Tensor, t: float, t_next: float) -> torch.Tensor:
+def _heun_step(f: Field, x: torch.Tensor, t: float, t_next: float) -> torch.Tensor:
     dt = t_next - t
     v = f(x, t)
     x_pred = x + dt * v  # the Euler predictor
     return x + dt * 0.5 * (v + f(x_pred, t_next)) if t_next > 0 else x_pred
 
 
-@_sampler("midpoint")
-def midpoint_sample(
-    model: nn.Module,
-    noise: torch.Tensor,
-    y: torch.Tensor,
-    steps: int = 32,
-    cfg_scale: float = 1.0,
-    *,
-    grid: str = "uniform",
-    shift: float | None = None,
-    cfg_interval: tuple[float, float] | None = None,
-) -> SampleResult:
-    """The explicit midpoint method: x_{t + dt} = x_t + dt v(x_t + dt/2 v(x_t, t), t + dt/2). Order 2,
-    two velocities per step, none at t = 0."""
-    return _fixed_steps("midpoint", _midpoint_step, model, noise, y, steps, cfg_scale, grid, shift, cfg_interval)
-
-
-def _midpoint_step(f: Velocity, x: torch.Tensor, t: float, t_next: float) -> torch.Tensor:
+def _midpoint_step(f: Field, x: torch.Tensor, t: float, t_next: float) -> torch.Tensor:
     dt = t_next - t
     x_mid = x + 0.5 * dt * f(x, t)
     return x + dt * f(x_mid, t + 0.5 * dt)
 
 
-@_sampler("heun-first")
-def heun_first_sample(
-    model: nn.Module,
-    noise: torch.Tensor,
-    y: torch.Tensor,
-    steps: int = 32,
-    cfg_scale: float = 1.0,
-    *,
-    grid: str = "uniform",
-    shift: float | None = None,
-    cfg_interval: tuple[float, float] | None = None,
-) -> SampleResult:
-    """Euler's method whose first step, out of the pure noise at t = 1, is a Heun step: steps + 1
-    velocities (steps when steps = 1, whose only step ends at t = 0 and stays Euler, as in ``heun``).
+def _heun_first_step(f: Field, x: torch.Tensor, t: float, t_next: float) -> torch.Tensor:
+    return _heun_step(f, x, t, t_next) if t == 1.0 else _euler_step(f, x, t, t_next)  # grids start at 1 exactly
+
+
+@torch.no_grad()
+def euler(velocity: Field, x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+    """Euler's method on dx/dt = v: x_{t + dt} = x_t + dt v(x_t, t), with dt < 0. Order 1.
+
+    With a shortcut model each step also tells the model its size |dt|, which is how shortcut models
+    take 1, 2 or 4 large steps (``tinydit.flow.shortcut``)."""
+    return _walk(_euler_step, velocity, x, grid)
+
+
+@torch.no_grad()
+def heun(velocity: Field, x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+    """Heun's method (Karras et al. 2022, alg. 1): an Euler predictor, then the trapezoidal corrector
+    x_{t + dt} = x_t + dt (v(x_t, t) + v(x_pred, t + dt)) / 2. Order 2; 2 steps - 1 velocities on a grid to 0.
+
+    As in Karras et al., a last step to t = 0 is a plain Euler step, so the model is never asked
+    for the velocity at t = 0. Near the data the field is nearly singular (v = (x - E[x0 | x]) / t
+    off the data), so the corrector's evaluation there at the predictor's off-data point hurts, most at
+    few steps. One Euler step adds an O(dt^2) error once, so the method stays second order.
+    """
+    return _walk(_heun_step, velocity, x, grid)
+
+
+@torch.no_grad()
+def midpoint(velocity: Field, x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+    """The explicit midpoint method: x_{t + dt} = x_t + dt v(x_t + dt/2 v(x_t, t), t + dt/2). Order 2,
+    two velocities per step, none at t = 0."""
+    return _walk(_midpoint_step, velocity, x, grid)
+
+
+@torch.no_grad()
+def heun_first(velocity: Field, x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+    """Euler's method whose step out of the pure noise at t = 1 is a Heun step: steps + 1 velocities
+    (steps when the only step ends at t = 0, which stays Euler, as in ``heun``).
 
     On a small Fashion-MNIST model the first step, out of the noise, was where Euler lost the most, and
     this sampler beat both Euler and Heun at about 20 evaluations; on a larger one Heun gained far more,
     so measure on your own model. With a guidance interval below t = 1 the extra
     velocity is unguided, so it costs one evaluation. Still order 1: the later steps are Euler's.
     """
-    return _fixed_steps("heun-first", _heun_first_step, model, noise, y, steps, cfg_scale, grid, shift, cfg_interval)
-
-
-def _heun_first_step(f: Velocity, x: torch.Tensor, t: float, t_next: float) -> torch.Tensor:
-    return _heun_step(f, x, t, t_next) if t == 1.0 else _euler_step(f, x, t, t_next)  # grids start at 1 exactly
-
-
-_STEPPERS = {"euler": _euler_step, "heun": _heun_step, "midpoint": _midpoint_step}
-
-
-@torch.no_grad()
-def sample_path(
-    name: str,
-    model: nn.Module,
-    noise: torch.Tensor,
-    y: torch.Tensor,
-    knots: int,
-    steps_per_knot: int = 1,
-    cfg_scale: float = 1.0,
-    *,
-    cfg_interval: tuple[float, float] | None = None,
-) -> tuple[torch.Tensor, int]:
-    """A fixed-step sampler's path recorded at ``knots`` + 1 evenly spaced times (for distillation).
-
-    Runs ``name`` (euler, heun or midpoint) on the uniform grid of ``knots * steps_per_knot`` steps,
-    which is exactly ``sample(name, ..., steps=knots * steps_per_knot)``, and keeps x at t = k / knots.
-    Returns (states (knots + 1, N, C, H, W), where states[k] is x at t = k / knots, so states[knots] is
-    the noise and states[0] the sample; model evaluations per image).
-    """
-    if name not in _STEPPERS:
-        raise TinyDiTError(f"a recorded path needs a fixed-step sampler ({', '.join(_STEPPERS)}), got {name!r}")
-    if knots < 1 or steps_per_knot < 1:
-        raise TinyDiTError(f"knots and steps per knot must be >= 1, got {knots} and {steps_per_knot}")
-    steps = knots * steps_per_knot
-    check_sampler_args(steps, cfg_scale, name, cfg_interval=cfg_interval)
-    f, ts = Velocity(model, y, cfg_scale, cfg_interval), uniform_grid(steps).tolist()
-    x, states = noise, [noise]
-    for i, (t, t_next) in enumerate(zip(ts[:-1], ts[1:], strict=True)):
-        x = _STEPPERS[name](f, x, t, t_next)
-        if (i + 1) % steps_per_knot == 0:
-            states.append(x)
-    return torch.stack(states[::-1]), f.nfe
+    return _walk(_heun_first_step, velocity, x, grid)
 
 
 # --- the adaptive sampler: Dormand-Prince 5(4) --------------------------------------------------------------
@@ -257,17 +167,18 @@ def _combine(weights: tuple[float, ...], ks: list[torch.Tensor]) -> torch.Tensor
 
 
 def _dopri5_piece(
-    f: Velocity, x: torch.Tensor, t0: float, t1: float, size: float, guided: bool, rtol: float, atol: float
+    f: Velocity, x: torch.Tensor, t0: float, t1: float, size: float, guided: bool | None, rtol: float, atol: float
 ) -> tuple[torch.Tensor, float]:
     """Integrate from t0 down to t1 < t0 with a smooth field; returns x at t1 and the next step size."""
-    t, k1, attempts = t0, f(x, t0, guided), 0
+    f = f if guided is None else _Fixed(f, guided)
+    t, k1, attempts = t0, f(x, t0), 0
     while t > t1:
         last = size >= t - t1
         dt = -(t - t1) if last else -size  # negative: towards the data
         ks = [k1]
         for i in range(1, 7):
             x_i = x + dt * _combine(_A[i], ks)
-            ks.append(f(x_i, t + _C[i] * dt, guided))
+            ks.append(f(x_i, t + _C[i] * dt))
         x_new = x_i  # stage 7 was evaluated at the 5th-order solution
         # Error estimate per image, an RMS norm scaled by the tolerances (Hairer et al., eq. II.4.11);
         # the step must satisfy the worst image of the batch, so each image meets the tolerance.
@@ -286,38 +197,41 @@ def _dopri5_piece(
     return x, size
 
 
-@_sampler("dopri5")
-def dopri5_sample(
-    model: nn.Module,
-    noise: torch.Tensor,
-    y: torch.Tensor,
-    steps: int = 32,
-    cfg_scale: float = 1.0,
-    *,
-    grid: str = "uniform",
-    shift: float | None = None,
-    cfg_interval: tuple[float, float] | None = None,
-    rtol: float | None = None,
-    atol: float | None = None,
-) -> SampleResult:
+class _Fixed:
+    """A guided field with guidance held on or off over one piece of the path: at a piece's ends (where the
+    guidance interval starts or stops) the field is evaluated as inside it, so each piece is smooth."""
+
+    def __init__(self, f: Velocity, guided: bool):
+        self.f, self.guided = f, guided
+
+    def __call__(self, x: torch.Tensor, t: float) -> torch.Tensor:
+        return self.f(x, t, guided=self.guided)
+
+
+@torch.no_grad()
+def dopri5(velocity: Field, x: torch.Tensor, grid: torch.Tensor, *, rtol: float | None = None,
+           atol: float | None = None) -> torch.Tensor:  # fmt: skip
     """Dormand-Prince 5(4) with FSAL and error-per-step control (Hairer, Norsett & Wanner, sec. II.4).
 
     The step size adapts so that each image's local error stays within ``atol + rtol |x|`` (RMS over
-    its pixels), both 1e-3 by default. ``steps`` and ``grid`` only set the first trial step (the grid's
-    first interval). Where guidance switches on or off (the ends of ``cfg_interval``) the field jumps,
-    so the solver stops there and restarts; each piece is smooth. ``nfe`` counts every evaluation made,
-    rejected steps included. The steps are shared by the batch, so an image can come out slightly
-    differently (within the tolerance) in another batch.
+    its pixels), both 1e-3 by default. The grid sets only the ends (grid[0], grid[-1]) and the first trial
+    step (its first interval). Where a ``Velocity``'s guidance switches on or off (the ends of its interval)
+    the field jumps, so the solver stops there and restarts; each piece is smooth. The steps are shared by
+    the batch, so an image can come out slightly differently (within the tolerance) in another batch.
     """
     rtol, atol = DEFAULT_TOL if rtol is None else rtol, DEFAULT_TOL if atol is None else atol
-    f = Velocity(model, y, cfg_scale, cfg_interval)
-    size = 1.0 - checked_time_grid(steps, grid, shift)[1].item()
-    switches = sorted({v for v in (f.lo, f.hi) if 0 < v < 1 and cfg_scale != 1.0}, reverse=True)
-    ends = [1.0, *switches, 0.0]
-    x = noise
+    for name, tol in (("rtol", rtol), ("atol", atol)):
+        if not (math.isfinite(tol) and tol > 0):
+            raise TinyDiTError(f"`{name}` must be a positive number such as 1e-3, got {tol}")
+    ts = _times(grid)
+    start, end, size = ts[0], ts[-1], ts[0] - ts[1]
+    guided = isinstance(velocity, Velocity) and velocity.cfg_scale != 1.0
+    switches = sorted({v for v in (velocity.lo, velocity.hi) if end < v < start}, reverse=True) if guided else []
+    ends = [start, *switches, end]
     for t0, t1 in zip(ends[:-1], ends[1:], strict=True):
-        x, size = _dopri5_piece(f, x, t0, t1, size, f.guided_at(0.5 * (t0 + t1)), rtol, atol)
-    return SampleResult(x, f.nfe)
+        mode = velocity.guided_at(0.5 * (t0 + t1)) if guided else None
+        x, size = _dopri5_piece(velocity, x, t0, t1, size, mode, rtol, atol)
+    return x
 
 
 # --- the stochastic sampler -------------------------------------------------------------------------------------
@@ -325,23 +239,12 @@ def dopri5_sample(
 DEFAULT_ETA = 1.0
 
 
-@_sampler("ancestral")
-def ancestral_sample(
-    model: nn.Module,
-    noise: torch.Tensor,
-    y: torch.Tensor,
-    steps: int = 32,
-    cfg_scale: float = 1.0,
-    *,
-    grid: str = "uniform",
-    shift: float | None = None,
-    cfg_interval: tuple[float, float] | None = None,
-    eta: float | None = None,
-    generator: torch.Generator | None = None,
-) -> SampleResult:
+@torch.no_grad()
+def ancestral(velocity: Field, x: torch.Tensor, grid: torch.Tensor, *, eta: float | None = None,
+              generator: torch.Generator | None = None) -> torch.Tensor:  # fmt: skip
     """Ancestral sampling: DDIM's eta family (Song et al. 2021, eq. 12) on the straight path x_t = (1 - t) x0 + t eps.
 
-    Each step evaluates the (guided) velocity once and splits x_t into its predictions x0 = x - t v and
+    Each step evaluates the velocity once and splits x_t into its predictions x0 = x - t v and
     eps = x + (1 - t) v; the next state puts them back at t' with part of the noise drawn afresh,
 
         x' = (1 - t') x0 + sqrt(t'^2 - s^2) eps + s z,   z ~ N(0, I),
@@ -349,37 +252,81 @@ def ancestral_sample(
 
     where eta = 1 is the DDPM posterior's noise and eta = 0 is Euler's step exactly. The fresh noise lets
     later steps correct what earlier ones drew inconsistently (parts of one shape in two places), which a
-    deterministic path keeps. The last step, to t = 0, is x0. nfe = steps (x2 guided). ``generator``
-    (CPU) draws the noise; ``generate`` passes one seeded from its seed.
+    deterministic path keeps. A last step to t = 0 is x0. ``generator`` (CPU) draws the noise;
+    ``generate`` passes one seeded from its seed.
     """
-    step = functools.partial(_ancestral_step, eta=DEFAULT_ETA if eta is None else eta, generator=generator)
-    return _fixed_steps("ancestral", step, model, noise, y, steps, cfg_scale, grid, shift, cfg_interval)
+    eta = DEFAULT_ETA if eta is None else eta
+    if not 0 <= eta <= 1:
+        raise TinyDiTError(f"`eta` must be in [0, 1] (0: deterministic, as Euler; 1: DDPM's noise), got {eta}")
+
+    def step(f: Field, x: torch.Tensor, t: float, t_next: float) -> torch.Tensor:
+        v = f(x, t)
+        x0, eps = x - t * v, x + (1.0 - t) * v  # (N, C, H, W) each
+        if t_next <= 0.0:
+            return x0
+        r = (1.0 - t) * t_next / ((1.0 - t_next) * t)
+        s = eta * t_next * math.sqrt(max(0.0, 1.0 - r * r))
+        z = torch.randn(x.shape, generator=generator).to(x.device, x.dtype)  # drawn on the CPU, as generate's noise
+        return (1.0 - t_next) * x0 + math.sqrt(max(0.0, t_next**2 - s**2)) * eps + s * z
+
+    return _walk(step, velocity, x, grid)
 
 
-def _ancestral_step(
-    f: Velocity, x: torch.Tensor, t: float, t_next: float, eta: float, generator: torch.Generator | None
-) -> torch.Tensor:
-    v = f(x, t)
-    x0, eps = x - t * v, x + (1.0 - t) * v  # (N, C, H, W) each
-    if t_next <= 0.0:
-        return x0
-    r = (1.0 - t) * t_next / ((1.0 - t_next) * t)
-    s = eta * t_next * math.sqrt(max(0.0, 1.0 - r * r))
-    z = torch.randn(x.shape, generator=generator).to(x.device, x.dtype)  # drawn on the CPU, as generate's noise
-    return (1.0 - t_next) * x0 + math.sqrt(max(0.0, t_next**2 - s**2)) * eps + s * z
+# --- the registry and the entry points --------------------------------------------------------------------
 
-
+SAMPLERS: dict[str, Callable[..., torch.Tensor]] = {
+    "euler": euler, "heun": heun, "midpoint": midpoint, "dopri5": dopri5, "ancestral": ancestral,
+    "heun-first": heun_first,
+}  # fmt: skip
+assert tuple(SAMPLERS) == SAMPLER_NAMES, "tinydit.config.SAMPLER_NAMES lists every sampler, in this order"
+_PATH_SAMPLERS = ("euler", "heun", "midpoint")  # fixed-step and deterministic: their path can be recorded
 
 
 def sample(
     name: str, model: nn.Module, noise: torch.Tensor, y: torch.Tensor, steps: int = 32, cfg_scale: float = 1.0,
+    *, grid: str = "uniform", shift: float | None = None, cfg_interval: tuple[float, float] | None = None,
     **options,
 ) -> SampleResult:  # fmt: skip
-    """Run the sampler called ``name``; ``options`` are its keywords (grid, shift, cfg_interval; rtol, atol;
-    eta, generator)."""
+    """Run the sampler called ``name`` from ``noise`` (N, C, H, W) at t = 1 for conditions ``y`` on ``steps``
+    of the grid called ``grid``, guided by ``cfg_scale`` in ``cfg_interval``. ``options`` are the
+    sampler's own keywords (dopri5: rtol, atol; ancestral: eta, generator); None means the default."""
     options = {k: v for k, v in options.items() if v is not None}  # None: the sampler's default
-    check_sampler_args(steps, cfg_scale, name, **{k: v for k, v in options.items() if k != "generator"})
-    return _UNCHECKED[name](model, noise, y, steps, cfg_scale, **options)
+    grid = "uniform" if grid is None else grid
+    check_sampler_args(steps, cfg_scale, name, grid, shift, cfg_interval,
+                       **{k: v for k, v in options.items() if k != "generator"})  # fmt: skip
+    velocity = Velocity(model, y, cfg_scale, cfg_interval)
+    x = SAMPLERS[name](velocity, noise, checked_time_grid(steps, grid, shift), **options)
+    return SampleResult(x, velocity.nfe)
 
 
-assert tuple(sorted(SAMPLERS)) == tuple(sorted(SAMPLER_NAMES)), "tinydit.config.SAMPLER_NAMES lists every sampler"
+@torch.no_grad()
+def sample_path(
+    name: str,
+    model: nn.Module,
+    noise: torch.Tensor,
+    y: torch.Tensor,
+    knots: int,
+    steps_per_knot: int = 1,
+    cfg_scale: float = 1.0,
+    *,
+    cfg_interval: tuple[float, float] | None = None,
+) -> tuple[torch.Tensor, int]:
+    """A fixed-step sampler's path recorded at ``knots`` + 1 evenly spaced times (for distillation).
+
+    Runs ``name`` (euler, heun or midpoint) on the uniform grid of ``knots * steps_per_knot`` steps, one
+    knot's piece of the grid at a time, which is exactly ``sample(name, ..., steps=knots * steps_per_knot)``,
+    and keeps x at t = k / knots. Returns (states (knots + 1, N, C, H, W), where states[k] is x at
+    t = k / knots, so states[knots] is the noise and states[0] the sample; model evaluations per image).
+    """
+    if name not in _PATH_SAMPLERS:
+        raise TinyDiTError(f"a recorded path needs a fixed-step sampler ({', '.join(_PATH_SAMPLERS)}), got {name!r}")
+    if knots < 1 or steps_per_knot < 1:
+        raise TinyDiTError(f"knots and steps per knot must be >= 1, got {knots} and {steps_per_knot}")
+    steps = knots * steps_per_knot
+    check_sampler_args(steps, cfg_scale, name, cfg_interval=cfg_interval)
+    velocity, ts = Velocity(model, y, cfg_scale, cfg_interval), uniform_grid(steps)
+    x, states = noise, [noise]
+    for k in range(knots):
+        x = SAMPLERS[name](velocity, x, ts[k * steps_per_knot : (k + 1) * steps_per_knot + 1])
+        states.append(x)
+    return torch.stack(states[::-1]), velocity.nfe

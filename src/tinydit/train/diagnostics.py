@@ -12,7 +12,7 @@ from tinydit.config import split_sampling
 from tinydit.flow import distill
 from tinydit.flow.generate import class_cycle
 from tinydit.flow.path import N_T_BINS, flow_loss, t_bins
-from tinydit.flow.samplers import _UNCHECKED
+from tinydit.flow.samplers import sample
 from tinydit.images import save_grid
 from tinydit.train.data import RunData
 from tinydit.train.teacher import TeacherPaths
@@ -68,7 +68,7 @@ def sample_grid(forward, data: RunData, config, noise_gen: torch.Generator, devi
     sampler, steps, cfg_scale, options = split_sampling(settings)
     if sampler == "ancestral":
         options["generator"] = noise_gen  # its fresh noise: the same stream, after the starting noise
-    x = _UNCHECKED[sampler](forward, noise.to(device), y, steps, cfg_scale, **options).x.cpu()  # (n, C, H, W)
+    x = sample(sampler, forward, noise.to(device), y, steps, cfg_scale, **options).x.cpu()  # (n, C, H, W)
     for path in paths:
         path.parent.mkdir(exist_ok=True)
         save_grid(x, path, nrow=nrow)
