@@ -32,8 +32,15 @@ The one legend of letters, in comments, docstrings and names (each letter has th
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from tinydit.runtime import get_device
+from tinydit.version import __version__
 
-from tinydit.runtime import get_device  # noqa: E402  (after __version__, which the modules below read)
+__all__ = ["__version__", "get_device", "from_pretrained"]
 
-__all__ = ["__version__", "get_device"]
+
+def from_pretrained(path, ema: bool = True, device="cpu"):
+    """The model of a pretrained folder, a Hub id, a training checkpoint or a run directory, in eval mode
+    (``tinydit.api.from_pretrained``, imported on the first call, so that ``import tinydit`` stays light)."""
+    from tinydit.api import from_pretrained as load
+
+    return load(path, ema=ema, device=device)

@@ -8,6 +8,7 @@
     report(run_dir)                              -> report.html     tinydit report
     export(checkpoint, format, out)              -> the file        tinydit export
     load_model(checkpoint)                       -> (model, checkpoint dict): v = model(x, t, y)
+    from_pretrained(folder | checkpoint)         -> model (a pretrained folder: safetensors, no pickle)
 
 Arguments are checked here, once, before any work; errors name the parameter in backticks.
 """
@@ -34,7 +35,6 @@ from tinydit.config import (
     TrainConfig,
     check_sampler_args,
     check_seed,
-    recommended_sampling,
     split_sampling,
 )
 from tinydit.data.datasets import load_dataset
@@ -92,20 +92,11 @@ class Samples:
     note: str = ""  # which settings those were, and why
 
 
-def recorded_sampling(state: dict) -> dict:
-    """The sampler settings a checkpoint records (``sampling``), or, for one written before they were
-    recorded, those its data set and preset would record now."""
-    if isinstance(state.get("sampling"), dict):
-        return state["sampling"]
-    train, data = state.get("train_config") or {}, state.get("data") or {}
-    cond = (state.get("model_config") or {}).get("cond", "class")  # an incomplete checkpoint fails in load_model
-    return recommended_sampling(data.get("name", ""), train.get("preset", ""), cond, train.get("few_step", "none"))
-
-
 def resolve_sampling(state: dict, **given) -> tuple[dict, str]:
     """The settings to sample a checkpoint with: each one given (not None) wins, the rest come from the
-    checkpoint's record (``recorded_sampling``). Returns them and a line saying which and why."""
-    record = recorded_sampling(state)
+    checkpoint's record (``tinydit.models.checkpoint.recorded_sampling``). Returns them and a line saying which
+    and why."""
+    record = checkpoints.recorded_sampling(state)
     given = {k: v for k, v in given.items() if v is not None}
     settings = {k: given.get(k, record.get(k)) for k in SAMPLING_KEYS}
     if "sampler" in given and given["sampler"] != record.get("sampler"):
@@ -311,9 +302,18 @@ def record_sampling(checkpoint: str | Path, record: dict) -> None:
 
 
 def export(checkpoint: str | Path, format: str, out: str | Path, ema: bool = True,
-           ort_web: str | Path | None = None) -> Path:  # fmt: skip
-    """The checkpoint's velocity model as ONNX, a torch.export program, or a web page (``tinydit.export``)."""
-    return export_model(checkpoint, format, out, ema=ema, ort_web=ort_web)
+           ort_web: str | Path | None = None, dtype: str = "float32",
+           metrics: str | Path | None = None) -> Path:  # fmt: skip
+    """The checkpoint's velocity model as a pretrained safetensors folder, ONNX, a torch.export program, or a
+    web page (``tinydit.export``)."""
+    return export_model(checkpoint, format, out, ema=ema, ort_web=ort_web, dtype=dtype, metrics=metrics)
+
+
+def from_pretrained(path: str | Path, ema: bool = True, device: str | torch.device = "cpu") -> nn.Module:
+    """The model of a pretrained folder (``tinydit export --format safetensors``), of its Hub id (owner/name,
+    with ``huggingface_hub`` and a network), of a training checkpoint or of a run directory, in eval mode.
+    Folders are read without unpickling (safetensors and JSON)."""
+    return load_model(path, ema=ema, device=device)[0]
 
 
 def report(run_dir: str | Path) -> Path:

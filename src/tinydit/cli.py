@@ -8,7 +8,7 @@
     tinydit sweep   --checkpoint FILE --samplers euler,heun --steps 4,8,16 --cfg 1,2 --n N --out DIR
     tinydit presets
     tinydit report  RUN_DIR
-    tinydit export  --checkpoint FILE --format onnx|pt2|web --out FILE|DIR
+    tinydit export  --checkpoint FILE --format onnx|pt2|web|safetensors --out FILE|DIR
 
 Several processes: ``torchrun --nproc_per_node N -m tinydit -- train|sample|eval ...`` (any torchrun
 options, several machines too; the ``--`` keeps torchrun from reading ``--n`` as its ``--nnodes``), or
@@ -31,7 +31,7 @@ import sys
 import warnings
 from dataclasses import MISSING, fields
 
-from tinydit import __version__, api, distributed
+from tinydit import api, distributed
 from tinydit.config import (
     COMPILE_CHOICES,
     CONDS,
@@ -50,6 +50,7 @@ from tinydit.config import (
     TrainConfig,
 )
 from tinydit.errors import TinyDiTError
+from tinydit.version import __version__
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -172,7 +173,7 @@ def _options(args: argparse.Namespace) -> dict:
 def _add_sample(sub) -> None:
     p = sub.add_parser("sample", help="generate images from a checkpoint",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--checkpoint", required=True, help="checkpoint.pt written by `tinydit train`")
+    p.add_argument("--checkpoint", required=True, help=CHECKPOINT_HELP)
     p.add_argument("--class", dest="classes", action="append", default=None,
                    help="class models: class name or id (repeat, or comma-separate); default: cycle through all")
     p.add_argument("--prompt", dest="prompts", action="append", default=None,
@@ -204,7 +205,8 @@ def _add_eval(sub) -> None:
                                     "prompt adherence, offline",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--checkpoint", help="generate --n samples from this checkpoint and evaluate them")
+    src.add_argument("--checkpoint", help="generate --n samples from this checkpoint (or pretrained folder) and "
+                                          "evaluate them")  # fmt: skip
     src.add_argument("--samples", help="evaluate existing samples: an .npz (images, labels) or a folder of images")
     p.add_argument("--data", default=None,
                    help="reference: fashion-mnist | shapes | cifar10 | image folder (default: the checkpoint's)")
@@ -329,7 +331,8 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    path = api.export(args.checkpoint, args.format, args.out, ema=args.ema, ort_web=args.ort_web)
+    path = api.export(args.checkpoint, args.format, args.out, ema=args.ema, ort_web=args.ort_web, dtype=args.dtype,
+                      metrics=args.metrics)  # fmt: skip
     hint = f"; serve it with: python -m http.server --directory {path}" if args.format == "web" else ""
     print(f"wrote {path}{hint}", file=sys.stderr)
     return 0
@@ -351,6 +354,10 @@ class _Parser(argparse.ArgumentParser):
         self._negative_number_matcher = NEGATIVE_NUMBER
 
 
+CHECKPOINT_HELP = ("checkpoint.pt written by `tinydit train`, its run directory, or a pretrained folder "
+                   "(`tinydit export --format safetensors`)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="tinydit", description="Flow-matching Diffusion Transformers on small images")
     parser.add_argument("--version", action="version", version=f"tinydit {__version__}")
@@ -360,10 +367,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_eval(sub)
     _add_sweep(sub)
     sub.add_parser("presets", help="list the model size presets").set_defaults(func=cmd_presets)
-    p = sub.add_parser("export", help="the model as ONNX, a torch.export program, or a page that samples in a browser")
-    p.add_argument("--checkpoint", required=True, help="checkpoint.pt written by `tinydit train`")
-    p.add_argument("--format", required=True, help="onnx (FILE.onnx) | pt2 (FILE.pt2) | web (a folder)")
-    p.add_argument("--out", required=True, help="FILE.onnx, FILE.pt2, or the web page's folder")
+    p = sub.add_parser("export", help="the model as safetensors weights to share, ONNX, a torch.export program, "
+                                      "or a page that samples in a browser")  # fmt: skip
+    p.add_argument("--checkpoint", required=True, help=CHECKPOINT_HELP)
+    p.add_argument("--format", required=True,
+                   help="safetensors (a folder to share: weights, config.json, model card) | onnx (FILE.onnx) | "
+                        "pt2 (FILE.pt2) | web (a folder)")  # fmt: skip
+    p.add_argument("--out", required=True, help="the folder (safetensors, web), or FILE.onnx, FILE.pt2")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                   help="safetensors: the weights' type (bfloat16 halves the file)")
+    p.add_argument("--metrics", default=None,
+                   help="safetensors: an evaluation's metrics.json for the model card (default: the run's own "
+                        "evaluation at the checkpoint's step, if --eval-every made one)")  # fmt: skip
     p.add_argument("--no-ema", dest="ema", action="store_false", help="export the raw weights instead of the EMA")
     p.add_argument("--ort-web", default=None,
                    help="web: the dist folder of the npm package onnxruntime-web "

@@ -4,6 +4,9 @@
     pt2    a torch.export program (torch.export.save), loaded with torch.export.load
     web    a folder with index.html, model.onnx, a JavaScript sampler and onnxruntime-web (from its npm
            package, copied in): open it with ``python -m http.server`` and sample in the browser
+    safetensors  a pretrained folder (``tinydit.models.pretrained``): model.safetensors, config.json and a
+           model card, the Hugging Face Hub's layout; every command's --checkpoint and
+           ``tinydit.from_pretrained`` read it back
 
 Every format has a dynamic batch (guidance's two halves run in one call) and carries what a sampler
 needs as JSON (``tinydit``: in the ONNX model's metadata, in the .pt2's extra files, and as the web
@@ -29,13 +32,15 @@ from torch import nn
 from tinydit.data.text import tokenizer_of
 from tinydit.errors import TinyDiTError
 from tinydit.files import atomic_write, ensure_writable_dir, write_text
+from tinydit.models import pretrained
 from tinydit.models.attention import ATTENTION
-from tinydit.models.checkpoint import load_model
+from tinydit.models.checkpoint import load_checkpoint, load_model, recorded_sampling
 from tinydit.models.linear import LINEAR
 
 __all__ = ["FORMATS", "export", "metadata", "find_ort_web"]
 
-FORMATS = ("onnx", "pt2", "web")
+FORMATS = ("onnx", "pt2", "web", "safetensors")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # safetensors weights
 WEB = Path(__file__).parent / "web"  # index.html and sampler.js
 # The CPU (WebAssembly) build of onnxruntime-web: its script and the module and binary it loads.
 ORT_WEB_FILES = ("ort.wasm.min.js", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
@@ -133,14 +138,57 @@ def _web(model: nn.Module, meta: dict, folder: Path, ort_web: str | Path | None)
     return folder
 
 
+def run_metrics(checkpoint: str | Path, step: int) -> dict | None:
+    """The metrics of the evaluation at ``step`` in the metrics.jsonl beside a run's checkpoint (``--eval-every``),
+    or None: what a model card shows unless it is given an evaluation's metrics.json."""
+    log = Path(checkpoint).parent / "metrics.jsonl"
+    found = None
+    if Path(checkpoint).is_file() and log.is_file():
+        for line in log.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:  # a line cut short by a kill: the rest still counts
+                continue
+            if record.get("step") == step and any(k.startswith("eval/") for k in record):
+                found = {k.removeprefix("eval/"): v for k, v in record.items() if k.startswith("eval/")}
+    return found
+
+
+def read_metrics(path: str | Path) -> dict:
+    """An evaluation's metrics.json (``tinydit eval --out DIR``) as a dict of numbers."""
+    try:
+        metrics = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise TinyDiTError(f"`metrics` {path} is not readable JSON ({type(err).__name__}); pass the metrics.json "
+                           "that `tinydit eval --out DIR` writes") from err  # fmt: skip
+    if not isinstance(metrics, dict):
+        raise TinyDiTError(f"`metrics` {path} holds no metrics; pass the metrics.json that `tinydit eval` writes")
+    return metrics.get("metrics", metrics) if isinstance(metrics.get("metrics"), dict) else metrics
+
+
 def export(checkpoint: str | Path, fmt: str, out: str | Path, ema: bool = True,
-           ort_web: str | Path | None = None) -> Path:  # fmt: skip
-    """Export the checkpoint's (EMA) model as ``fmt`` (onnx, pt2 or web) to ``out``; returns the path."""
+           ort_web: str | Path | None = None, dtype: str = "float32",
+           metrics: str | Path | None = None) -> Path:  # fmt: skip
+    """Export the checkpoint's (EMA) model as ``fmt`` (onnx, pt2, web or safetensors) to ``out``; returns the path.
+
+    safetensors only: ``dtype`` of the weights (float32, bfloat16 or float16) and ``metrics``, an evaluation's
+    metrics.json for the model card (else the run's own evaluation at the checkpoint's step, if any)."""
     if fmt not in FORMATS:
         raise TinyDiTError(f"unknown `format` {fmt!r}: use one of {', '.join(FORMATS)}")
     out = Path(out)
-    if fmt != "web" and out.suffix != f".{fmt}":
+    if fmt not in ("web", "safetensors") and out.suffix != f".{fmt}":
         raise TinyDiTError(f"`out` {out}: a {fmt} export is a file ending in .{fmt}")
+    if fmt == "safetensors":
+        if dtype not in DTYPES:
+            raise TinyDiTError(f"`dtype` must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        if out.is_file() or out.suffix in (".safetensors", ".pt", ".pt2", ".onnx", ".json"):
+            raise TinyDiTError(f"`out` {out}: a safetensors export is a folder (model.safetensors, config.json, "
+                               "README.md); give the folder's name")  # fmt: skip
+        state = load_checkpoint(checkpoint)
+        load_model(state, ema=ema)  # the weights must fit their config before anything is written
+        shown = read_metrics(metrics) if metrics is not None else run_metrics(checkpoint, state.get("step"))
+        state = {**state, "sampling": recorded_sampling(state)}  # an older checkpoint's, as sample would use
+        return pretrained.save_pretrained(state, out, ema=ema, dtype=DTYPES[dtype], metrics=shown)
     model, state = load_model(checkpoint, ema=ema)
     meta = metadata(state, model)
     # The portable kernels: plain matmuls (the oneDNN linear is an opaque custom operator) and attention

@@ -20,12 +20,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from tinydit import __version__
+from tinydit.config import recommended_sampling
 from tinydit.errors import TinyDiTError
+from tinydit.models import pretrained
 from tinydit.models.dit import DiT
 from tinydit.models.registry import build_model, config_from_dict
+from tinydit.version import __version__
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "load_checkpoint", "load_model", "unwrap"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "load_checkpoint", "load_model", "check_weights", "recorded_sampling", "unwrap"]
 
 FORMAT = "tinydit-checkpoint"
 FORMAT_VERSION = 1
@@ -39,8 +41,17 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
-    """Read and validate a TinyDiT checkpoint; a clear ``TinyDiTError`` for anything else."""
+    """Read and validate a TinyDiT checkpoint; a clear ``TinyDiTError`` for anything else.
+
+    ``path`` may also be a pretrained folder (``tinydit.models.pretrained``: model.safetensors and
+    config.json), its config.json or weights file, a Hub id of one, or a run directory (its checkpoint.pt)."""
     path = Path(path)
+    if path.is_dir() and not (path / pretrained.WEIGHTS).exists() and (path / "checkpoint.pt").is_file():
+        path = path / "checkpoint.pt"  # a run directory
+    elif path.is_dir() or path.name in (pretrained.CONFIG, pretrained.WEIGHTS) or (
+        not path.exists() and path.suffix != ".pt" and pretrained.is_hub_id(str(path))
+    ):
+        return pretrained.load_pretrained(path)
     if not path.is_file():
         raise TinyDiTError(f"checkpoint {path} does not exist; pass the checkpoint.pt of a training run")
     try:
@@ -61,6 +72,30 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     return state
 
 
+def recorded_sampling(state: dict) -> dict:
+    """The sampler settings a checkpoint records (``sampling``), or, for one written before they were
+    recorded, those its data set and preset would record now."""
+    if isinstance(state.get("sampling"), dict):
+        return state["sampling"]
+    train, data = state.get("train_config") or {}, state.get("data") or {}
+    cond = (state.get("model_config") or {}).get("cond", "class")  # an incomplete checkpoint fails in load_model
+    return recommended_sampling(data.get("name", ""), train.get("preset", ""), cond, train.get("few_step", "none"))
+
+
+def check_weights(model: nn.Module, weights: dict, where: str) -> None:
+    """Raise a ``TinyDiTError`` naming ``where`` and the tensors unless ``weights`` fit ``model`` exactly."""
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in weights]
+    extra = [k for k in weights if k not in expected]
+    wrong = [f"{k} {tuple(weights[k].shape)} (the config makes {tuple(v.shape)})" for k, v in expected.items()
+             if k in weights and weights[k].shape != v.shape]  # fmt: skip
+    problems = [f"{what} {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}"
+                for what, names in (("missing", missing), ("unexpected", extra), ("wrong shape", wrong)) if names]
+    if problems:
+        raise TinyDiTError(f"the weights in {where} do not fit its model config ({'; '.join(problems)}): the file is "
+                           "damaged or was edited; export or train it again")  # fmt: skip
+
+
 def load_model(
     state_or_path: dict | str | Path, ema: bool = True, map_location: str | torch.device = "cpu"
 ) -> tuple[DiT, dict]:
@@ -78,11 +113,7 @@ def load_model(
     kind = state.get("model_type", "dit")
     model = build_model(kind, config_from_dict(kind, state["model_config"]))
     weights = state["ema"] if ema and state.get("ema") is not None else state["model"]
-    try:
-        model.load_state_dict(weights)
-    except RuntimeError as err:
-        raise TinyDiTError(
-            f"the checkpoint's weights do not fit its model config ({str(err).splitlines()[0]}); "
-            "the file is damaged or was edited"
-        ) from err
+    where = state.get("source") or ("the checkpoint" if isinstance(state_or_path, dict) else str(state_or_path))
+    check_weights(model, weights, where)
+    model.load_state_dict(weights)
     return model.to(map_location).eval(), state

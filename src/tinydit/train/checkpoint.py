@@ -15,12 +15,12 @@ from pathlib import Path
 
 import torch
 
-from tinydit import __version__
 from tinydit.config import TRAJECTORY_FIELDS, TrainConfig, canonical_name
 from tinydit.errors import TinyDiTError
 from tinydit.files import torch_save
 from tinydit.models.checkpoint import FORMAT, FORMAT_VERSION
 from tinydit.models.registry import config_from_dict, preset_config
+from tinydit.version import __version__
 
 __all__ = ["save_checkpoint", "check_same_run", "check_same_schedule", "model_config_for", "restore",
            "GracefulInterrupt"]

@@ -14,12 +14,12 @@ import numpy as np
 import torch
 from PIL import Image
 
-from tinydit import __version__
 from tinydit.errors import TinyDiTError
 from tinydit.files import append_line, write_text
 from tinydit.flow import distill
 from tinydit.flow.path import N_T_BINS
 from tinydit.progress import Progress
+from tinydit.version import __version__
 
 __all__ = ["RunLog"]
 

@@ -1,0 +1,189 @@
+"""Pretrained folders: a model's weights in safetensors beside a JSON config (the Hugging Face Hub's layout).
+
+    FOLDER/
+        model.safetensors   the weights the commands sample with (a run's EMA), no optimizer state
+        config.json         the model type and config, the data (name, classes, channels, size), the tokenizer
+                            of a text model, the time convention, the recorded sampler settings with their
+                            source, and how the model was trained
+        README.md           a model card: what the model is, how it was trained, its measured metrics, and
+                            the commands that sample and measure it
+
+``save_pretrained`` writes one from a training checkpoint (``tinydit export --format safetensors``);
+``load_pretrained`` reads it back as the same dict a checkpoint holds, without optimizer state, so
+``tinydit.models.checkpoint.load_checkpoint`` (and with it every command's ``--checkpoint``) takes a folder.
+Reading never unpickles: only safetensors and JSON are read.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+
+from tinydit.errors import TinyDiTError
+from tinydit.files import atomic_write, ensure_writable_dir, write_text
+from tinydit.version import __version__
+
+__all__ = ["FORMAT", "FORMAT_VERSION", "WEIGHTS", "CONFIG", "CARD", "TIME_CONVENTION", "save_pretrained",
+           "load_pretrained", "pretrained_config", "model_card", "resolve_folder", "is_hub_id"]  # fmt: skip
+
+FORMAT = "tinydit-pretrained"
+FORMAT_VERSION = 1
+WEIGHTS, CONFIG, CARD = "model.safetensors", "config.json", "README.md"
+TIME_CONVENTION = "t = 0 is data, t = 1 is Gaussian noise; x_t = (1 - t) x0 + t noise; the model returns v = dx/dt"
+# What a folder keeps of a checkpoint, besides the weights: everything sampling and evaluation read.
+KEPT = ("model_type", "model_config", "train_config", "data", "tokenizer", "sampling", "step", "train_seconds")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # owner/name
+
+
+def pretrained_config(state: dict) -> dict:
+    """The config.json of a checkpoint dict: ``KEPT`` and the format, version and time convention."""
+    config = {"format": FORMAT, "format_version": FORMAT_VERSION, "tinydit_version": __version__,
+              "time": TIME_CONVENTION}  # fmt: skip
+    config.update({k: state.get(k) for k in KEPT})
+    config["model_type"] = config["model_type"] or "dit"
+    return config
+
+
+def save_pretrained(state: dict, folder: str | Path, ema: bool = True, dtype: torch.dtype | None = None,
+                    metrics: dict | None = None) -> Path:  # fmt: skip
+    """Write ``state`` (a checkpoint dict) as a pretrained folder: its EMA weights (``ema``) in ``dtype``
+    (None: as trained, fp32), config.json and a model card that shows ``metrics`` (an evaluation's
+    metrics.json, or None). Returns the folder."""
+    weights = state["ema"] if ema and state.get("ema") is not None else state["model"]
+    tensors = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).detach().cpu().contiguous()
+               for k, v in weights.items()}  # fmt: skip
+    folder = Path(folder)
+    ensure_writable_dir(folder)
+    config = pretrained_config(state)
+    config["weights"] = {"ema": bool(ema and state.get("ema") is not None),
+                         "dtype": str(next(iter(tensors.values())).dtype).removeprefix("torch.")}  # fmt: skip
+    from safetensors.torch import save
+
+    with atomic_write(folder / WEIGHTS) as f:
+        f.write(save(tensors, metadata={"format": "pt"}))
+    write_text(folder / CONFIG, json.dumps(config, indent=1) + "\n")
+    write_text(folder / CARD, model_card(config, sum(t.numel() for t in tensors.values()), metrics))
+    return folder
+
+
+def is_hub_id(text: str) -> bool:
+    """Whether ``text`` reads as a Hugging Face Hub model id, owner/name."""
+    return bool(_HUB_ID.match(text))
+
+
+def resolve_folder(path: str | Path) -> Path:
+    """A local pretrained folder for ``path``: the folder itself, the folder of its config.json or
+    model.safetensors, or for a Hub id (owner/name) that is not a local path, its download (needs
+    ``huggingface_hub`` and a network)."""
+    path = Path(path)
+    if path.is_file() and path.name in (CONFIG, WEIGHTS):
+        return path.parent
+    if path.exists() or not is_hub_id(str(path)):
+        return path
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as err:
+        raise TinyDiTError(f"{path} is not a local folder; to fetch it from the Hugging Face Hub install "
+                           "huggingface_hub (pip install huggingface_hub)") from err  # fmt: skip
+    try:
+        return Path(snapshot_download(str(path), allow_patterns=[WEIGHTS, CONFIG, CARD]))
+    except Exception as err:  # no network, no such repository, no access: one line that says so
+        raise TinyDiTError(f"{path} is not a local folder and could not be fetched from the Hugging Face Hub "
+                           f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from err
+
+
+def load_pretrained(folder: str | Path) -> dict:
+    """A pretrained folder as a checkpoint dict (``model`` and ``ema`` both the folder's weights); a clear
+    ``TinyDiTError`` naming the file and the fix for anything else."""
+    folder = resolve_folder(folder)
+    config_path, weights_path = folder / CONFIG, folder / WEIGHTS
+    hint = ("a pretrained folder holds config.json and model.safetensors, written by "
+            "`tinydit export --format safetensors`")
+    if not config_path.is_file():
+        raise TinyDiTError(f"{folder} has no {CONFIG}: {hint}")
+    if not weights_path.is_file():
+        raise TinyDiTError(f"{folder} has no {WEIGHTS}: {hint}")
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise TinyDiTError(f"{config_path} is not readable JSON ({type(err).__name__}): export the folder "
+                           "again") from err  # fmt: skip
+    if not isinstance(config, dict) or config.get("format") != FORMAT:
+        raise TinyDiTError(f"{config_path} is not a TinyDiT pretrained config (its `format` must be {FORMAT!r}): "
+                           f"{hint}")  # fmt: skip
+    if config.get("format_version") != FORMAT_VERSION:
+        raise TinyDiTError(f"{config_path} has format version {config.get('format_version')}, this tinydit "
+                           f"{__version__} reads version {FORMAT_VERSION}; use the tinydit release that wrote it")
+    missing = [k for k in ("model_config", "data") if not isinstance(config.get(k), dict)]
+    if missing:
+        raise TinyDiTError(f"{config_path} lacks {', '.join(missing)}: export the folder again")
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        weights = load_file(weights_path)
+    except (SafetensorError, OSError, ValueError) as err:
+        raise TinyDiTError(f"{weights_path} is not a readable safetensors file ({type(err).__name__}): export the "
+                           "folder again") from err  # fmt: skip
+    state = {k: config.get(k) for k in KEPT}
+    state.update(format=FORMAT, model_type=config.get("model_type") or "dit", model=weights, ema=weights,
+                 train_config=config.get("train_config") or {}, step=config.get("step") or 0,
+                 source=str(weights_path))  # fmt: skip
+    return state
+
+
+def _fmt(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def model_card(config: dict, n_params: int, metrics: dict | None = None) -> str:
+    """The README.md of a pretrained folder, from its config.json, parameter count and measured ``metrics``."""
+    train, data, model = config.get("train_config") or {}, config.get("data") or {}, config.get("model_config") or {}
+    name = train.get("preset") or config.get("model_type", "dit")
+    sampling = config.get("sampling") or {}
+    budget = (f"{train['minutes']:g} minutes" if train.get("minutes") else f"{train.get('steps')} steps")
+    minutes = (config.get("train_seconds") or 0) / 60
+    lines = [
+        f"# TinyDiT {name} on {data.get('name', '?')}", "",
+        f"A flow-matching {config.get('model_type', 'dit').upper()} ({n_params:,} parameters) that draws "
+        f"{data.get('channels', '?')}x{data.get('img_size', '?')}x{data.get('img_size', '?')} images of "
+        f"{data.get('name', '?')}, conditioned on "
+        + ("a caption." if model.get("cond") == "text" else f"a class ({', '.join(data.get('classes') or [])})."),
+        "", "## Use", "",
+        "```bash",
+        "pip install tinydit",
+        "tinydit sample --checkpoint THIS_FOLDER --n 64 --out samples.png",
+        "```", "",
+        "```python",
+        "import tinydit",
+        "model = tinydit.from_pretrained(\"THIS_FOLDER\")  # the DiT, in eval mode; or api.sample(\"THIS_FOLDER\", 64)",
+        "```", "",
+        f"Time convention: {config.get('time', TIME_CONVENTION)}.", "",
+        "## Training", "",
+        "| | |", "|---|---|",
+        f"| data | {data.get('name', '?')} |",
+        f"| preset | {name} |",
+        f"| budget | {budget}; {config.get('step')} optimizer steps in {minutes:.1f} training minutes |",
+        f"| batch, learning rate | {train.get('batch_size')}, {_fmt(train.get('lr'))} |",
+        f"| precision, seed | {train.get('precision')}, {train.get('seed')} |",
+        f"| weights | {'EMA' if (config.get('weights') or {}).get('ema') else 'raw'}, "
+        f"{(config.get('weights') or {}).get('dtype', 'float32')} |",
+        f"| tinydit | {config.get('tinydit_version')} |", "",
+        "## Sampling", "",
+        f"`tinydit sample` uses the recorded settings: {sampling.get('sampler')}, {sampling.get('steps')} steps, "
+        f"guidance {_fmt(sampling.get('cfg_scale'))}"
+        + (f" on t in {sampling['cfg_interval']}" if sampling.get("cfg_interval") else "")
+        + f" ({sampling.get('source', 'no source')}).", "",
+        "## Metrics", "",
+    ]  # fmt: skip
+    if metrics:
+        shown = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        lines += ["| metric | value |", "|---|---|", *[f"| {k} | {_fmt(v)} |" for k, v in shown.items()], ""]
+        lines += ["Measured with `tinydit eval --checkpoint THIS_FOLDER --n N` (the recorded sampler settings).", ""]
+    else:
+        lines += ["Not measured for this card. Measure them with "
+                  "`tinydit eval --checkpoint THIS_FOLDER --n 1000 --out eval/` (the recorded sampler settings).", ""]
+    return "\n".join(lines)
