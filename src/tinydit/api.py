@@ -52,6 +52,7 @@ from tinydit.flow.distill import warn_if_untrained_settings
 from tinydit.flow.generate import class_cycle, generate
 from tinydit.models import checkpoint as checkpoints
 from tinydit.models.dit import DiTConfig, count_params
+from tinydit.models.pretrained import reference_folder
 from tinydit.models.registry import MODEL_TYPES, build_model, preset_config
 from tinydit.runtime import autocast, maybe_compile, resolve_compile, resolve_device, resolve_precision
 from tinydit.train import Trainer, TrainResult
@@ -303,10 +304,15 @@ def record_sampling(checkpoint: str | Path, record: dict) -> None:
 
 def export(checkpoint: str | Path, format: str, out: str | Path, ema: bool = True,
            ort_web: str | Path | None = None, dtype: str = "float32",
-           metrics: str | Path | None = None) -> Path:  # fmt: skip
+           metrics: str | Path | None = None, about: str | None = None) -> Path:  # fmt: skip
     """The checkpoint's velocity model as a pretrained safetensors folder, ONNX, a torch.export program, or a
     web page (``tinydit.export``)."""
-    return export_model(checkpoint, format, out, ema=ema, ort_web=ort_web, dtype=dtype, metrics=metrics)
+    return export_model(checkpoint, format, out, ema=ema, ort_web=ort_web, dtype=dtype, metrics=metrics, about=about)
+
+
+def pretrained(name: str) -> Path:
+    """The folder of a reference model shipped in the package (``tinydit sample --pretrained NAME``)."""
+    return reference_folder(name)
 
 
 def from_pretrained(path: str | Path, ema: bool = True, device: str | torch.device = "cpu") -> nn.Module:

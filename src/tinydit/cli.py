@@ -173,7 +173,7 @@ def _options(args: argparse.Namespace) -> dict:
 def _add_sample(sub) -> None:
     p = sub.add_parser("sample", help="generate images from a checkpoint",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--checkpoint", required=True, help=CHECKPOINT_HELP)
+    _add_model_source(p)
     p.add_argument("--class", dest="classes", action="append", default=None,
                    help="class models: class name or id (repeat, or comma-separate); default: cycle through all")
     p.add_argument("--prompt", dest="prompts", action="append", default=None,
@@ -207,6 +207,7 @@ def _add_eval(sub) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", help="generate --n samples from this checkpoint (or pretrained folder) and "
                                           "evaluate them")  # fmt: skip
+    src.add_argument("--pretrained", default=None, metavar="NAME", help=PRETRAINED_HELP)
     src.add_argument("--samples", help="evaluate existing samples: an .npz (images, labels) or a folder of images")
     p.add_argument("--data", default=None,
                    help="reference: fashion-mnist | shapes | cifar10 | image folder (default: the checkpoint's)")
@@ -261,7 +262,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
-    res = api.sample(args.checkpoint, args.n, args.classes, args.prompts, sampler=args.sampler, steps=args.steps,
+    res = api.sample(_checkpoint(args), args.n, args.classes, args.prompts, sampler=args.sampler, steps=args.steps,
                      cfg_scale=args.cfg_scale, seed=args.seed, out=args.out, nrow=args.nrow, device=args.device,
                      precision=args.precision, compile=args.compile, ema=args.ema, progress=True,
                      unconditional=args.unconditional, **_options(args))  # fmt: skip
@@ -274,9 +275,9 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    metrics = api.evaluate(args.checkpoint, args.samples, out=args.out, data=args.data, n=args.n, sampler=args.sampler,
-                           steps=args.steps, cfg_scale=args.cfg_scale, seed=args.seed, split=args.split,
-                           data_root=args.data_root, device=args.device, inception=args.inception,
+    metrics = api.evaluate(_checkpoint(args), args.samples, out=args.out, data=args.data, n=args.n,
+                           sampler=args.sampler, steps=args.steps, cfg_scale=args.cfg_scale, seed=args.seed,
+                           split=args.split, data_root=args.data_root, device=args.device, inception=args.inception,
                            inception_weights=args.inception_weights, cache_dir=args.cache_dir,
                            command=_command(args), progress=True, **_options(args))  # fmt: skip
     if not _main_rank():
@@ -331,8 +332,8 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    path = api.export(args.checkpoint, args.format, args.out, ema=args.ema, ort_web=args.ort_web, dtype=args.dtype,
-                      metrics=args.metrics)  # fmt: skip
+    path = api.export(_checkpoint(args), args.format, args.out, ema=args.ema, ort_web=args.ort_web, dtype=args.dtype,
+                      metrics=args.metrics, about=args.about)  # fmt: skip
     hint = f"; serve it with: python -m http.server --directory {path}" if args.format == "web" else ""
     print(f"wrote {path}{hint}", file=sys.stderr)
     return 0
@@ -354,6 +355,21 @@ class _Parser(argparse.ArgumentParser):
         self._negative_number_matcher = NEGATIVE_NUMBER
 
 
+PRETRAINED_HELP = "a reference model shipped with tinydit (shapes, ...): sample it without training"
+
+
+def _add_model_source(p: argparse.ArgumentParser) -> None:
+    """--checkpoint, or --pretrained NAME: one of them."""
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", help=CHECKPOINT_HELP)
+    src.add_argument("--pretrained", default=None, metavar="NAME", help=PRETRAINED_HELP)
+
+
+def _checkpoint(args: argparse.Namespace):
+    """The checkpoint a command reads: --checkpoint, or the folder of --pretrained NAME."""
+    return api.pretrained(args.pretrained) if getattr(args, "pretrained", None) else args.checkpoint
+
+
 CHECKPOINT_HELP = ("checkpoint.pt written by `tinydit train`, its run directory, or a pretrained folder "
                    "(`tinydit export --format safetensors`)")
 
@@ -369,7 +385,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("presets", help="list the model size presets").set_defaults(func=cmd_presets)
     p = sub.add_parser("export", help="the model as safetensors weights to share, ONNX, a torch.export program, "
                                       "or a page that samples in a browser")  # fmt: skip
-    p.add_argument("--checkpoint", required=True, help=CHECKPOINT_HELP)
+    _add_model_source(p)
     p.add_argument("--format", required=True,
                    help="safetensors (a folder to share: weights, config.json, model card) | onnx (FILE.onnx) | "
                         "pt2 (FILE.pt2) | web (a folder)")  # fmt: skip
@@ -379,6 +395,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics", default=None,
                    help="safetensors: an evaluation's metrics.json for the model card (default: the run's own "
                         "evaluation at the checkpoint's step, if --eval-every made one)")  # fmt: skip
+    p.add_argument("--about", default=None,
+                   help="safetensors: a line for the model card (how and where it was trained)")
     p.add_argument("--no-ema", dest="ema", action="store_false", help="export the raw weights instead of the EMA")
     p.add_argument("--ort-web", default=None,
                    help="web: the dist folder of the npm package onnxruntime-web "

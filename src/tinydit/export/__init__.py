@@ -168,11 +168,12 @@ def read_metrics(path: str | Path) -> dict:
 
 def export(checkpoint: str | Path, fmt: str, out: str | Path, ema: bool = True,
            ort_web: str | Path | None = None, dtype: str = "float32",
-           metrics: str | Path | None = None) -> Path:  # fmt: skip
+           metrics: str | Path | None = None, about: str | None = None) -> Path:  # fmt: skip
     """Export the checkpoint's (EMA) model as ``fmt`` (onnx, pt2, web or safetensors) to ``out``; returns the path.
 
-    safetensors only: ``dtype`` of the weights (float32, bfloat16 or float16) and ``metrics``, an evaluation's
-    metrics.json for the model card (else the run's own evaluation at the checkpoint's step, if any)."""
+    safetensors only: ``dtype`` of the weights (float32, bfloat16 or float16), ``metrics``, an evaluation's
+    metrics.json for the model card (else the run's own evaluation at the checkpoint's step, if any), and
+    ``about``, a line for the card (how and where the model was trained)."""
     if fmt not in FORMATS:
         raise TinyDiTError(f"unknown `format` {fmt!r}: use one of {', '.join(FORMATS)}")
     out = Path(out)
@@ -188,7 +189,7 @@ def export(checkpoint: str | Path, fmt: str, out: str | Path, ema: bool = True,
         load_model(state, ema=ema)  # the weights must fit their config before anything is written
         shown = read_metrics(metrics) if metrics is not None else run_metrics(checkpoint, state.get("step"))
         state = {**state, "sampling": recorded_sampling(state)}  # an older checkpoint's, as sample would use
-        return pretrained.save_pretrained(state, out, ema=ema, dtype=DTYPES[dtype], metrics=shown)
+        return pretrained.save_pretrained(state, out, ema=ema, dtype=DTYPES[dtype], metrics=shown, about=about)
     model, state = load_model(checkpoint, ema=ema)
     meta = metadata(state, model)
     # The portable kernels: plain matmuls (the oneDNN linear is an opaque custom operator) and attention

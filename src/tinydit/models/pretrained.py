@@ -27,15 +27,34 @@ from tinydit.files import atomic_write, ensure_writable_dir, write_text
 from tinydit.version import __version__
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "WEIGHTS", "CONFIG", "CARD", "TIME_CONVENTION", "save_pretrained",
-           "load_pretrained", "pretrained_config", "model_card", "resolve_folder", "is_hub_id"]  # fmt: skip
+           "load_pretrained", "pretrained_config", "model_card", "resolve_folder", "is_hub_id", "reference_models",
+           "reference_folder"]  # fmt: skip
 
 FORMAT = "tinydit-pretrained"
 FORMAT_VERSION = 1
 WEIGHTS, CONFIG, CARD = "model.safetensors", "config.json", "README.md"
 TIME_CONVENTION = "t = 0 is data, t = 1 is Gaussian noise; x_t = (1 - t) x0 + t noise; the model returns v = dx/dt"
 # What a folder keeps of a checkpoint, besides the weights: everything sampling and evaluation read.
-KEPT = ("model_type", "model_config", "train_config", "data", "tokenizer", "sampling", "step", "train_seconds")
+KEPT = ("model_type", "model_config", "train_config", "data", "tokenizer", "sampling", "step", "train_seconds",
+        "kernels")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # owner/name
+# Reference models shipped in the package (``tinydit sample --pretrained NAME``), each a pretrained folder
+# trained by the documented command; its model card says which, on what machine, and what it measures.
+REFERENCE = Path(__file__).parent.parent / "reference"
+
+
+def reference_models() -> list[str]:
+    """The names of the reference models this installation ships."""
+    return sorted(p.name for p in REFERENCE.iterdir() if (p / CONFIG).is_file()) if REFERENCE.is_dir() else []
+
+
+def reference_folder(name: str) -> Path:
+    """The folder of the reference model called ``name``."""
+    names = reference_models()
+    if name not in names:
+        raise TinyDiTError(f"unknown `pretrained` model {name!r}: this tinydit ships {', '.join(names) or 'none'}; "
+                           "or pass your own folder or checkpoint with `checkpoint`")  # fmt: skip
+    return REFERENCE / name
 
 
 def pretrained_config(state: dict) -> dict:
@@ -48,16 +67,19 @@ def pretrained_config(state: dict) -> dict:
 
 
 def save_pretrained(state: dict, folder: str | Path, ema: bool = True, dtype: torch.dtype | None = None,
-                    metrics: dict | None = None) -> Path:  # fmt: skip
+                    metrics: dict | None = None, about: str | None = None) -> Path:  # fmt: skip
     """Write ``state`` (a checkpoint dict) as a pretrained folder: its EMA weights (``ema``) in ``dtype``
     (None: as trained, fp32), config.json and a model card that shows ``metrics`` (an evaluation's
-    metrics.json, or None). Returns the folder."""
+    metrics.json, or None) and ``about`` (a line: the command and machine it was trained with). Returns
+    the folder."""
     weights = state["ema"] if ema and state.get("ema") is not None else state["model"]
     tensors = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).detach().cpu().contiguous()
                for k, v in weights.items()}  # fmt: skip
     folder = Path(folder)
     ensure_writable_dir(folder)
     config = pretrained_config(state)
+    config["about"] = about
+    config["metrics"] = metrics
     config["weights"] = {"ema": bool(ema and state.get("ema") is not None),
                          "dtype": str(next(iter(tensors.values())).dtype).removeprefix("torch.")}  # fmt: skip
     from safetensors.torch import save
@@ -65,7 +87,7 @@ def save_pretrained(state: dict, folder: str | Path, ema: bool = True, dtype: to
     with atomic_write(folder / WEIGHTS) as f:
         f.write(save(tensors, metadata={"format": "pt"}))
     write_text(folder / CONFIG, json.dumps(config, indent=1) + "\n")
-    write_text(folder / CARD, model_card(config, sum(t.numel() for t in tensors.values()), metrics))
+    write_text(folder / CARD, model_card(config, sum(t.numel() for t in tensors.values())))
     return folder
 
 
@@ -139,8 +161,10 @@ def _fmt(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def model_card(config: dict, n_params: int, metrics: dict | None = None) -> str:
-    """The README.md of a pretrained folder, from its config.json, parameter count and measured ``metrics``."""
+def model_card(config: dict, n_params: int) -> str:
+    """The README.md of a pretrained folder, from its config.json (its ``metrics`` and ``about`` included) and
+    its parameter count."""
+    metrics = config.get("metrics")
     train, data, model = config.get("train_config") or {}, config.get("data") or {}, config.get("model_config") or {}
     name = train.get("preset") or config.get("model_type", "dit")
     sampling = config.get("sampling") or {}
@@ -168,10 +192,12 @@ def model_card(config: dict, n_params: int, metrics: dict | None = None) -> str:
         f"| preset | {name} |",
         f"| budget | {budget}; {config.get('step')} optimizer steps in {minutes:.1f} training minutes |",
         f"| batch, learning rate | {train.get('batch_size')}, {_fmt(train.get('lr'))} |",
-        f"| precision, seed | {train.get('precision')}, {train.get('seed')} |",
+        f"| precision, seed | {(config.get('kernels') or {}).get('precision', train.get('precision'))}, "
+        f"{train.get('seed')} |",
         f"| weights | {'EMA' if (config.get('weights') or {}).get('ema') else 'raw'}, "
         f"{(config.get('weights') or {}).get('dtype', 'float32')} |",
         f"| tinydit | {config.get('tinydit_version')} |", "",
+        *([config["about"], ""] if config.get("about") else []),
         "## Sampling", "",
         f"`tinydit sample` uses the recorded settings: {sampling.get('sampler')}, {sampling.get('steps')} steps, "
         f"guidance {_fmt(sampling.get('cfg_scale'))}"
@@ -180,9 +206,12 @@ def model_card(config: dict, n_params: int, metrics: dict | None = None) -> str:
         "## Metrics", "",
     ]  # fmt: skip
     if metrics:
-        shown = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        shown = {k: v for k, v in metrics.items()
+                 if isinstance(v, (int, float)) and not isinstance(v, bool) and not k.endswith("_seconds")}
         lines += ["| metric | value |", "|---|---|", *[f"| {k} | {_fmt(v)} |" for k, v in shown.items()], ""]
-        lines += ["Measured with `tinydit eval --checkpoint THIS_FOLDER --n N` (the recorded sampler settings).", ""]
+        how = f"`{metrics['command']}`" if metrics.get("command") else "`tinydit eval --checkpoint THIS_FOLDER`"
+        lines += [f"Measured with {how}, with the recorded sampler settings; `tinydit eval --checkpoint "
+                  f"THIS_FOLDER --n {metrics.get('n_samples', 1000)} --out eval/` measures them again.", ""]
     else:
         lines += ["Not measured for this card. Measure them with "
                   "`tinydit eval --checkpoint THIS_FOLDER --n 1000 --out eval/` (the recorded sampler settings).", ""]

@@ -1,0 +1,61 @@
+"""Make a reference model for the package (``tinydit sample --pretrained NAME``) from a trained run.
+
+    tinydit train --data shapes --minutes 5 --out runs/shapes            # the documented command, seed 0
+    python scripts/make_reference.py shapes runs/shapes/checkpoint.pt \
+        --about "Trained with ... on a 2-core ... CPU, torch ..., DATE"
+
+It exports the run's EMA weights as a pretrained folder in bfloat16 into ``src/tinydit/reference/NAME``,
+measures it with ``tinydit eval`` (``--n`` samples, the recorded sampler settings; the card shows these
+numbers), and records a small check in its config.json: the strict shapes judge on ``--check-n`` samples
+drawn in fp32, which ``tests/test_reference.py`` draws again, so that the card, the weights and the code
+cannot drift apart. Shapes class models only, for now.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+from tinydit import api
+from tinydit.models.pretrained import CONFIG, REFERENCE
+
+
+def check(folder: Path, n: int) -> dict:
+    """What tests/test_reference.py measures again: fp32 samples (seed 0) of the folder, scored."""
+    from tinydit.eval.shape_fit import strict_scores
+    from tinydit.images import to_uint8
+
+    res = api.sample(folder, n, seed=0, precision="fp32", device="cpu")
+    scores = strict_scores(to_uint8(res.x), res.labels)
+    return {"n": n, "seed": 0, "precision": "fp32", "shape_strict": round(scores["strict"], 4),
+            "shape_colours": round(scores["colours"], 4)}  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("name", help="the reference model's name (shapes, fashion-mnist, shapes-text)")
+    p.add_argument("checkpoint", help="the trained run's checkpoint.pt")
+    p.add_argument("--about", required=True, help="the command, seed, machine, torch version and date it was trained")
+    p.add_argument("--n", type=int, default=1000, help="samples for the card's metrics")
+    p.add_argument("--check-n", type=int, default=200, help="samples of the check the tests repeat")
+    p.add_argument("--metrics", default=None, help="an evaluation of this export already made (metrics.json)")
+    args = p.parse_args()
+    folder = REFERENCE / args.name
+    with tempfile.TemporaryDirectory() as tmp:
+        staged = api.export(args.checkpoint, "safetensors", Path(tmp) / args.name, dtype="bfloat16")
+        metrics = args.metrics
+        if metrics is None:
+            api.evaluate(staged, n=args.n, seed=0, out=Path(tmp) / "eval", command=(
+                f"tinydit eval --pretrained {args.name} --n {args.n} --seed 0 --out eval/{args.name}"))
+            metrics = Path(tmp) / "eval" / "metrics.json"
+        api.export(args.checkpoint, "safetensors", folder, dtype="bfloat16", metrics=metrics, about=args.about)
+    config = json.loads((folder / CONFIG).read_text())
+    config["check"] = check(folder, args.check_n)
+    (folder / CONFIG).write_text(json.dumps(config, indent=1) + "\n")
+    print(json.dumps({"folder": str(folder), "check": config["check"]}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""The reference models shipped in the package: `tinydit sample --pretrained NAME` draws without training, and
+each model still measures what its card says (the check its config.json records, drawn again here)."""
+
+import json
+
+import pytest
+import torch
+
+from tinydit import api
+from tinydit.cli import main
+from tinydit.eval.shape_fit import strict_scores
+from tinydit.images import to_uint8
+from tinydit.models.pretrained import CARD, CONFIG, reference_folder, reference_models
+
+# fp32 sampling on different CPUs differs by rounding, so a few of the same samples may flip between pass and
+# fail: three in a hundred are allowed (docs/export.md says what has been measured of that spread).
+TOLERANCE = 0.03
+
+
+def test_the_package_ships_the_shapes_reference_model():
+    assert "shapes" in reference_models()
+
+
+@pytest.mark.parametrize("name", reference_models())
+def test_a_reference_model_measures_what_its_card_says(name):
+    folder = reference_folder(name)
+    config = json.loads((folder / CONFIG).read_text())
+    check, metrics = config["check"], config["metrics"]
+    card = (folder / CARD).read_text()
+    assert f"| shape_strict | {metrics['shape_strict']:.4g} |" in card and config["about"] in card
+    res = api.sample(folder, check["n"], seed=check["seed"], precision=check["precision"], device="cpu")
+    scores = strict_scores(to_uint8(res.x), res.labels)
+    assert abs(scores["strict"] - check["shape_strict"]) <= TOLERANCE, (scores, check)
+    assert abs(scores["colours"] - check["shape_colours"]) <= TOLERANCE, (scores, check)
+
+
+def test_sample_pretrained_draws_without_training_and_an_unknown_name_is_exit_2(tmp_path, capsys):
+    out = tmp_path / "s.png"
+    assert main(["sample", "--pretrained", "shapes", "--n", "4", "--steps", "4", "--out", str(out)]) == 0
+    assert out.is_file()
+    assert main(["sample", "--pretrained", "cifar-giant", "--n", "4", "--out", str(tmp_path / "t.png")]) == 2
+    err = capsys.readouterr().err
+    assert "unknown --pretrained model 'cifar-giant': this tinydit ships shapes" in err
+    assert not (tmp_path / "t.png").exists()
+    model = api.from_pretrained(reference_folder("shapes"))
+    assert not model.training and next(model.parameters()).dtype == torch.float32  # bf16 weights, loaded as fp32
