@@ -108,13 +108,14 @@ def resolve_folder(path: str | Path) -> Path:
     try:
         from huggingface_hub import snapshot_download
     except ImportError as err:
-        raise TinyDiTError(f"{path} is not a local folder; to fetch it from the Hugging Face Hub install "
-                           "huggingface_hub (pip install huggingface_hub)") from err  # fmt: skip
+        raise TinyDiTError(f"{path} does not exist: pass a checkpoint.pt, a run directory or a pretrained folder "
+                           "(to fetch a Hugging Face Hub id, install huggingface_hub)") from err  # fmt: skip
     try:
         return Path(snapshot_download(str(path), allow_patterns=[WEIGHTS, CONFIG, CARD]))
     except Exception as err:  # no network, no such repository, no access: one line that says so
-        raise TinyDiTError(f"{path} is not a local folder and could not be fetched from the Hugging Face Hub "
-                           f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from err
+        raise TinyDiTError(f"{path} does not exist: pass a checkpoint.pt, a run directory or a pretrained folder; "
+                           f"as a Hugging Face Hub id it could not be fetched either ({type(err).__name__}: "
+                           f"{str(err).splitlines()[0] if str(err) else ''})") from err  # fmt: skip
 
 
 def load_pretrained(folder: str | Path) -> dict:
@@ -178,7 +179,7 @@ def model_card(config: dict, n_params: int) -> str:
         + ("a caption." if model.get("cond") == "text" else f"a class ({', '.join(data.get('classes') or [])})."),
         "", "## Use", "",
         "```bash",
-        "pip install tinydit",
+        "pip install -e .   # in a clone of the TinyDiT repository",
         "tinydit sample --checkpoint THIS_FOLDER --n 64 --out samples.png",
         "```", "",
         "```python",
