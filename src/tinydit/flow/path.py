@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tinydit.config import T_SAMPLINGS  # the names, defined once where the config checks them
 from tinydit.errors import TinyDiTError
 
 __all__ = ["interpolate", "velocity_target", "sample_t", "flow_loss", "t_bins", "T_SAMPLINGS", "N_T_BINS"]
@@ -32,9 +33,6 @@ def interpolate(x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch
 def velocity_target(x0: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     """The constant velocity of the straight path: d x_t / d t = noise - x0."""
     return noise - x0
-
-
-T_SAMPLINGS = ("uniform", "logit-normal")
 
 
 def sample_t(
