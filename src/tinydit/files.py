@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import io
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +27,8 @@ try:
 except ImportError:  # Windows: no advisory locks; the run directory goes unlocked there
     fcntl = None
 
-__all__ = ["atomic_write", "torch_save", "write_text", "append_line", "ensure_writable_dir", "io_error", "RunDirLock"]
+__all__ = ["atomic_write", "torch_save", "write_text", "append_line", "read_lines", "ensure_writable_dir", "io_error",
+           "RunDirLock"]
 
 
 def io_error(path: Path, err: OSError) -> TinyDiTError:
@@ -79,6 +81,20 @@ def append_line(path: Path, line: str) -> None:
             f.write(line + "\n")
     except OSError as err:
         raise io_error(path, err) from err
+
+
+def read_lines(path: Path) -> list[dict]:
+    """The records of a log written by ``append_line`` (one JSON object a line), [] if there is none; a line
+    torn by a kill or a full disk is skipped."""
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    return records
 
 
 class RunDirLock:

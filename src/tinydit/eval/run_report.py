@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from PIL import Image
 
 from tinydit.errors import TinyDiTError
-from tinydit.files import write_text
+from tinydit.files import read_lines, write_text
 
 __all__ = ["write_run_report", "read_metrics"]
 
@@ -30,16 +30,7 @@ STRIP_MAX = 24  # sample grids shown in the strip over training (evenly chosen, 
 
 def read_metrics(run_dir: Path) -> list[dict]:
     """The records of metrics.jsonl (a torn last line, from a run killed mid-write, is skipped)."""
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            continue
-    return records
+    return read_lines(run_dir / "metrics.jsonl")
 
 
 def _png(fig: Figure) -> str:

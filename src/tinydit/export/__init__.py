@@ -31,7 +31,7 @@ from torch import nn
 
 from tinydit.data.text import tokenizer_of
 from tinydit.errors import TinyDiTError
-from tinydit.files import atomic_write, ensure_writable_dir, write_text
+from tinydit.files import atomic_write, ensure_writable_dir, read_lines, write_text
 from tinydit.models import pretrained
 from tinydit.models.attention import ATTENTION
 from tinydit.models.checkpoint import load_checkpoint, load_model, recorded_sampling
@@ -141,20 +141,15 @@ def _web(model: nn.Module, meta: dict, folder: Path, ort_web: str | Path | None)
 def run_metrics(checkpoint: str | Path, step: int) -> dict | None:
     """The metrics of the evaluation at ``step`` in the metrics.jsonl beside a run's checkpoint (``--eval-every``),
     or None: what a model card shows unless it is given an evaluation's metrics.json."""
-    log = Path(checkpoint).parent / "metrics.jsonl"
+    records = read_lines(Path(checkpoint).parent / "metrics.jsonl") if Path(checkpoint).is_file() else []
     found = None
-    if Path(checkpoint).is_file() and log.is_file():
-        for line in log.read_text().splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:  # a line cut short by a kill: the rest still counts
-                continue
-            if record.get("step") == step and any(k.startswith("eval/") for k in record):
-                found = {k.removeprefix("eval/"): v for k, v in record.items() if k.startswith("eval/")}
+    for record in records:
+        if record.get("step") == step and any(k.startswith("eval/") for k in record):
+            found = {k.removeprefix("eval/"): v for k, v in record.items() if k.startswith("eval/")}
     return found
 
 
-def read_metrics(path: str | Path) -> dict:
+def read_eval_metrics(path: str | Path) -> dict:
     """An evaluation's metrics.json (``tinydit eval --out DIR``) as a dict of numbers."""
     try:
         metrics = json.loads(Path(path).read_text())
@@ -163,7 +158,7 @@ def read_metrics(path: str | Path) -> dict:
                            "that `tinydit eval --out DIR` writes") from err  # fmt: skip
     if not isinstance(metrics, dict):
         raise TinyDiTError(f"`metrics` {path} holds no metrics; pass the metrics.json that `tinydit eval` writes")
-    return metrics.get("metrics", metrics) if isinstance(metrics.get("metrics"), dict) else metrics
+    return metrics
 
 
 def export(checkpoint: str | Path, fmt: str, out: str | Path, ema: bool = True,
@@ -187,7 +182,7 @@ def export(checkpoint: str | Path, fmt: str, out: str | Path, ema: bool = True,
                                "README.md); give the folder's name")  # fmt: skip
         state = load_checkpoint(checkpoint)
         load_model(state, ema=ema)  # the weights must fit their config before anything is written
-        shown = read_metrics(metrics) if metrics is not None else run_metrics(checkpoint, state.get("step"))
+        shown = read_eval_metrics(metrics) if metrics is not None else run_metrics(checkpoint, state.get("step"))
         state = {**state, "sampling": recorded_sampling(state)}  # an older checkpoint's, as sample would use
         return pretrained.save_pretrained(state, out, ema=ema, dtype=DTYPES[dtype], metrics=shown, about=about)
     model, state = load_model(checkpoint, ema=ema)
