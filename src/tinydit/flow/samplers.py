@@ -30,6 +30,7 @@ the whole batch.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -167,10 +168,9 @@ def _combine(weights: tuple[float, ...], ks: list[torch.Tensor]) -> torch.Tensor
 
 
 def _dopri5_piece(
-    f: Velocity, x: torch.Tensor, t0: float, t1: float, size: float, guided: bool | None, rtol: float, atol: float
+    f: Field, x: torch.Tensor, t0: float, t1: float, size: float, rtol: float, atol: float
 ) -> tuple[torch.Tensor, float]:
     """Integrate from t0 down to t1 < t0 with a smooth field; returns x at t1 and the next step size."""
-    f = f if guided is None else _Fixed(f, guided)
     t, k1, attempts = t0, f(x, t0), 0
     while t > t1:
         last = size >= t - t1
@@ -197,17 +197,6 @@ def _dopri5_piece(
     return x, size
 
 
-class _Fixed:
-    """A guided field with guidance held on or off over one piece of the path: at a piece's ends (where the
-    guidance interval starts or stops) the field is evaluated as inside it, so each piece is smooth."""
-
-    def __init__(self, f: Velocity, guided: bool):
-        self.f, self.guided = f, guided
-
-    def __call__(self, x: torch.Tensor, t: float) -> torch.Tensor:
-        return self.f(x, t, guided=self.guided)
-
-
 @torch.no_grad()
 def dopri5(velocity: Field, x: torch.Tensor, grid: torch.Tensor, *, rtol: float | None = None,
            atol: float | None = None) -> torch.Tensor:  # fmt: skip
@@ -229,8 +218,10 @@ def dopri5(velocity: Field, x: torch.Tensor, grid: torch.Tensor, *, rtol: float 
     switches = sorted({v for v in (velocity.lo, velocity.hi) if end < v < start}, reverse=True) if guided else []
     ends = [start, *switches, end]
     for t0, t1 in zip(ends[:-1], ends[1:], strict=True):
-        mode = velocity.guided_at(0.5 * (t0 + t1)) if guided else None
-        x, size = _dopri5_piece(velocity, x, t0, t1, size, mode, rtol, atol)
+        # Guidance held on or off over the whole piece: its ends (where the interval starts or stops) are
+        # evaluated as its inside, so each piece is smooth.
+        piece = functools.partial(velocity, guided=velocity.guided_at(0.5 * (t0 + t1))) if guided else velocity
+        x, size = _dopri5_piece(piece, x, t0, t1, size, rtol, atol)
     return x
 
 
