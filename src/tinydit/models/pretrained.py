@@ -72,7 +72,8 @@ def save_pretrained(state: dict, folder: str | Path, ema: bool = True, dtype: to
     (None: as trained, fp32), config.json and a model card that shows ``metrics`` (an evaluation's
     metrics.json, or None) and ``about`` (a line: the command and machine it was trained with). Returns
     the folder."""
-    weights = state["ema"] if ema and state.get("ema") is not None else state["model"]
+    use_ema = ema and state.get("ema") is not None
+    weights = state["ema"] if use_ema else state["model"]
     tensors = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).detach().cpu().contiguous()
                for k, v in weights.items()}  # fmt: skip
     folder = Path(folder)
@@ -80,7 +81,7 @@ def save_pretrained(state: dict, folder: str | Path, ema: bool = True, dtype: to
     config = pretrained_config(state)
     config["about"] = about
     config["metrics"] = metrics
-    config["weights"] = {"ema": bool(ema and state.get("ema") is not None),
+    config["weights"] = {"ema": bool(use_ema),
                          "dtype": str(next(iter(tensors.values())).dtype).removeprefix("torch.")}  # fmt: skip
     from safetensors.torch import save
 
@@ -105,17 +106,17 @@ def resolve_folder(path: str | Path) -> Path:
         return path.parent
     if path.exists() or not is_hub_id(str(path)):
         return path
+    missing = f"{path} does not exist: pass a checkpoint.pt, a run directory or a pretrained folder"
     try:
         from huggingface_hub import snapshot_download
     except ImportError as err:
-        raise TinyDiTError(f"{path} does not exist: pass a checkpoint.pt, a run directory or a pretrained folder "
-                           "(to fetch a Hugging Face Hub id, install huggingface_hub)") from err  # fmt: skip
+        raise TinyDiTError(f"{missing} (to fetch a Hugging Face Hub id, install huggingface_hub)") from err
     try:
         return Path(snapshot_download(str(path), allow_patterns=[WEIGHTS, CONFIG, CARD]))
     except Exception as err:  # no network, no such repository, no access: one line that says so
-        raise TinyDiTError(f"{path} does not exist: pass a checkpoint.pt, a run directory or a pretrained folder; "
-                           f"as a Hugging Face Hub id it could not be fetched either ({type(err).__name__}: "
-                           f"{str(err).splitlines()[0] if str(err) else ''})") from err  # fmt: skip
+        first = str(err).splitlines()[0] if str(err) else ""
+        raise TinyDiTError(f"{missing}; as a Hugging Face Hub id it could not be fetched either "
+                           f"({type(err).__name__}: {first})") from err  # fmt: skip
 
 
 def load_pretrained(folder: str | Path) -> dict:
