@@ -31,6 +31,7 @@ from tinydit.data.shapes import ShapesDataset
 from tinydit.eval.shape_fit import strict_scores
 from tinydit.flow.grids import uniform_grid
 from tinydit.flow.guidance import guided_velocity
+from tinydit.flow.samplers import SAMPLERS
 from tinydit.images import from_uint8, to_uint8
 
 
@@ -81,22 +82,14 @@ def losses(model, posterior: EmpiricalPosterior, n: int, times: list[float]) -> 
 def hybrid(model, posterior: EmpiricalPosterior, n: int, switch: float, cfg: float, eta: float, steps: int) -> dict:
     g = torch.Generator().manual_seed(0)
     y = torch.arange(n) % 4
-    x = torch.randn(n, 3, 32, 32, generator=g)
-    ts = uniform_grid(steps).tolist()
-    with torch.no_grad():
-        for t, t_next in zip(ts[:-1], ts[1:], strict=True):
-            if t > switch:
-                x0 = posterior(x, t, y)[0]
-            else:
-                v, _ = guided_velocity(model, x, torch.full((n,), t), y, cfg)
-                x0 = x - t * v
-            if t_next <= 0:
-                x = x0
-                break
-            eps = (x - (1 - t) * x0) / t
-            r = (1 - t) * t_next / ((1 - t_next) * t)
-            s = eta * t_next * math.sqrt(max(0.0, 1 - r * r))
-            x = (1 - t_next) * x0 + math.sqrt(max(0.0, t_next**2 - s**2)) * eps + s * torch.randn(x.shape, generator=g)
+
+    def velocity(x: torch.Tensor, t: float) -> torch.Tensor:  # v = (x - x0) / t on the straight path
+        if t > switch:
+            return (x - posterior(x, t, y)[0]) / t
+        return guided_velocity(model, x, torch.full((n,), t), y, cfg)[0]
+
+    x = SAMPLERS["ancestral"](velocity, torch.randn(n, 3, 32, 32, generator=g), uniform_grid(steps), eta=eta,
+                              generator=g)  # fmt: skip
     return {k: round(v, 3) for k, v in strict_scores(to_uint8(x), y).items()}
 
 
