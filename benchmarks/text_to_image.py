@@ -127,7 +127,7 @@ def main() -> None:
         trained = trainer.fit()
         model, _ = load_model(trained.checkpoint, map_location=device)  # the EMA weights
         sampled = time.perf_counter()
-        scores = measure(model, trainer.tokenizer, holdout, args.n_seen, args.n_held_out, steps=args.steps,
+        scores = measure(model, trainer.data.tokenizer, holdout, args.n_seen, args.n_held_out, steps=args.steps,
                          cfg_scale=args.cfg, seed=args.seed, sampler=args.sampler,
                          cfg_interval=args.cfg_interval)  # fmt: skip
         results[name] = {"preset": trainer.cfg.preset, "params": params[name], "img_per_s": args.batch / step_s,

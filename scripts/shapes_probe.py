@@ -169,9 +169,9 @@ def main() -> None:
     y = class_cycle(args.n, len(SHAPES))
     out = {"args": vars(args), "step": res.step, "train_s": round(train_s, 1),
            "val_loss": round(res.val_loss, 4), "val_loss_ema": round(res.val_loss_ema, 4)}
-    for name, model in (("ema", tr.ema), ("raw", tr.model)):
+    for name, model in (("ema", tr.run.ema), ("raw", tr.run.model)):
         model.eval()
-        out[f"{name}_loss_by_t"] = loss_by_t(model, tr.val_set)
+        out[f"{name}_loss_by_t"] = loss_by_t(model, tr.data.val_set)
         for s in [float(c) for c in args.cfgs.split(",")]:
             x = generate(model, y, steps=args.sample_steps, cfg_scale=s, seed=0).x
             out[f"{name}_cfg{s:g}"] = score(x, y, net)

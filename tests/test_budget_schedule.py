@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import fast_config
 
+import tinydit.train.budget as budget_module
 import tinydit.train.trainer as trainer_module
 from tinydit.config import BUDGET_COOLDOWN_FRAC, PLAN_AT
 from tinydit.errors import TinyDiTError
@@ -30,7 +31,7 @@ def clock(monkeypatch):
         return now[0]
 
     fake = types.SimpleNamespace(perf_counter=perf_counter, time=perf_counter)
-    monkeypatch.setattr(trainer_module, "time", fake)
+    monkeypatch.setattr(budget_module, "time", fake)
     return now
 
 
@@ -47,7 +48,7 @@ def test_a_time_budget_run_plans_its_steps_and_cools_down_to_its_last_step(tmp_p
     assert plan["planned_at"] == plan["steps"] - plan["cooldown"]  # ... planned as their decay begins
     assert plan["planned_at"] > 0.5 * plan["steps"]
     assert result.train_seconds >= PLAN_AT * KW["minutes"] * 60
-    lrs = [trainer.lr_at(s) for s in range(plan["steps"])]
+    lrs = [trainer.budget.lr_at(s) for s in range(plan["steps"])]
     start = plan["steps"] - plan["cooldown"]
     peak = trainer.cfg.lr
     assert lrs[start - 1] == pytest.approx(peak)  # constant until the cool-down ...
@@ -65,7 +66,7 @@ def test_a_stopped_time_budget_run_continues_exactly(tmp_path, clock):
     original = Trainer.train_step
 
     def interrupted(self):
-        if self.step == stop_at - 1:
+        if self.run.step == stop_at - 1:
             signal.raise_signal(signal.SIGINT)  # Ctrl-C: a checkpoint after this step
         return original(self)
 
@@ -79,8 +80,8 @@ def test_a_stopped_time_budget_run_continues_exactly(tmp_path, clock):
     assert stopped["step"] == stop_at and stopped["plan"] == plan
     resumed = Trainer(fast_config(tmp_path / "b", **KW), progress=False)
     resumed.fit()
-    assert resumed.step == plan["steps"]
-    a, b = straight.model.state_dict(), resumed.model.state_dict()
+    assert resumed.run.step == plan["steps"]
+    a, b = straight.run.model.state_dict(), resumed.run.model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
     # Once the cool-down has begun the schedule is fixed: another budget is refused, naming the way out
     with pytest.raises(TinyDiTError, match="inside the learning-rate cool-down planned for `minutes` 0.025"):
@@ -108,5 +109,5 @@ def test_a_time_budget_cools_down_by_default_and_an_earlier_run_continues_under_
     resumed = Trainer(fast_config(tmp_path, **{**KW, "cooldown_frac": None}), progress=False)
     resumed.fit()
     plan = load_checkpoint(tmp_path / "checkpoint.pt")["plan"]
-    assert plan["minutes"] == KW["minutes"] and resumed.step == plan["steps"]
+    assert plan["minutes"] == KW["minutes"] and resumed.run.step == plan["steps"]
     assert abs(plan["cooldown"] - BUDGET_COOLDOWN_FRAC * plan["steps"]) <= 2

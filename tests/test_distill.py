@@ -94,18 +94,18 @@ def test_distill_settings_are_checked_before_any_work(tmp_path, teacher):
 def test_distillation_resumes_exactly_reuses_its_paths_and_samples_in_one_step(tmp_path, teacher, capsys):
     kw = dict(steps=4, teacher=str(teacher), preset="dit-1.9m", **DISTILL)  # the preset follows the teacher
     straight = Trainer(fast_config(tmp_path / "a", **kw), progress=False)
-    assert straight.model_config.shortcut and straight.model_config.dim == 64 and len(straight.paths) == 24
+    assert straight.model_config.shortcut and straight.model_config.dim == 64 and len(straight.teacher.paths) == 24
     teacher_model, _ = load_model(teacher)
     x, t, y = torch.randn(2, 3, 32, 32), torch.rand(2), torch.tensor([0, 1])
-    assert torch.allclose(straight.model(x, t, y, torch.ones(2)), teacher_model(x, t, y), atol=1e-5)
+    assert torch.allclose(straight.run.model(x, t, y, torch.ones(2)), teacher_model(x, t, y), atol=1e-5)
     straight.fit()
     Trainer(fast_config(tmp_path / "b", **{**kw, "steps": 2}), progress=False).fit()
     capsys.readouterr()
     resumed = Trainer(fast_config(tmp_path / "b", **kw), progress=False)
     assert "sampling" not in capsys.readouterr().err  # the cached paths are read back, not sampled again
     resumed.fit()
-    for k, v in straight.model.state_dict().items():
-        assert torch.equal(v, resumed.model.state_dict()[k]), k
+    for k, v in straight.run.model.state_dict().items():
+        assert torch.equal(v, resumed.run.model.state_dict()[k]), k
     code = main(["sample", "--checkpoint", str(tmp_path / "a" / "checkpoint.pt"), "--steps", "1", "--cfg", "1",
                  "--n", "4", "--precision", "fp32", "--out", str(tmp_path / "one.png")])  # fmt: skip
     err = capsys.readouterr().err
@@ -124,9 +124,9 @@ def test_the_distillation_loss_falls_in_a_short_run(tmp_path, teacher):
     # it off first, so that there is something to learn.
     torch.manual_seed(1)
     with torch.no_grad():
-        for p in trainer.model.parameters():
+        for p in trainer.run.model.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    trainer.ema.load_state_dict(trainer.model.state_dict())
-    first = trainer.validation_loss(trainer.ema)
+    trainer.run.ema.load_state_dict(trainer.run.model.state_dict())
+    first = trainer.validation_losses(trainer.run.ema)[0]
     result = trainer.fit()
     assert math.isfinite(result.val_loss) and result.val_loss < 0.8 * first

@@ -103,6 +103,8 @@ def test_two_ranks_train_the_weights_of_one_process(runs):
     assert _max_diff(init, one["model"]) > 100 * ATOL
     # rank 0 alone wrote and printed: one line per run, one metrics file with the global loss
     assert log.count("training dit-0.2m") == 1
+    processes = {name: json.loads((root / name / "config.json").read_text())["processes"] for name in ("one", "two")}
+    assert processes == {"one": 1, "two": 2}  # config.json says what the run ran on
     lines = [ln for ln in (root / "two" / "metrics.jsonl").read_text().splitlines() if '"loss"' in ln]
     assert len(lines) == 6  # log every 2 steps, written once
 

@@ -56,7 +56,8 @@ def test_evaluation_does_not_change_what_the_run_trains(tmp_path, evaluated_run)
     _, evaluated = evaluated_run
     plain = Trainer(fast_config(tmp_path, steps=8, sample_every=4), progress=False)
     plain.fit()
-    for (name, a), b in zip(plain.model.state_dict().items(), evaluated.model.state_dict().values(), strict=True):
+    plain_weights, evaluated_weights = plain.run.model.state_dict(), evaluated.run.model.state_dict()
+    for (name, a), b in zip(plain_weights.items(), evaluated_weights.values(), strict=True):
         assert torch.equal(a, b), name
 
 

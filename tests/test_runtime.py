@@ -55,9 +55,9 @@ def test_bf16_autocast_trains_with_fp32_master_weights_and_ema(tmp_path):
     trainer = Trainer(fast_config(tmp_path, steps=2, batch_size=4, precision="bf16"), progress=False)
     assert trainer.precision == "bf16"
     seen = []  # the network's own output (the clean image for x-prediction) really comes out in bf16
-    hook = trainer.model.final.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    hook = trainer.run.model.final.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
     with autocast(CPU, "bf16"):
-        trainer.forward(torch.randn(2, 3, 32, 32), torch.rand(2), torch.tensor([0, 1]))
+        trainer.run.forward(torch.randn(2, 3, 32, 32), torch.rand(2), torch.tensor([0, 1]))
     hook.remove()
     assert seen == [torch.bfloat16]
     result = trainer.fit()
@@ -65,19 +65,19 @@ def test_bf16_autocast_trains_with_fp32_master_weights_and_ema(tmp_path):
     state = load_checkpoint(tmp_path / "checkpoint.pt")
     for key in ("model", "ema"):
         assert {t.dtype for t in state[key].values()} == {torch.float32}, key
-    assert {p.dtype for p in trainer.opt.state_dict()["state"][0].values() if p.numel() > 1} == {torch.float32}
+    assert {p.dtype for p in trainer.run.opt.state_dict()["state"][0].values() if p.numel() > 1} == {torch.float32}
 
 
 def test_compiled_training_saves_plain_weights_that_load_into_either_module(tmp_path):
     torch._dynamo.reset()
     trainer = Trainer(fast_config(tmp_path, steps=2, batch_size=4, sample_steps=1, compile="on"), progress=False)
-    assert trainer.forward is not trainer.model  # the trainer really runs a compiled wrapper
+    assert trainer.run.forward is not trainer.run.model  # the trainer really runs a compiled wrapper
     trainer.fit()
     state = load_checkpoint(tmp_path / "checkpoint.pt")
     assert not any(k.startswith("_orig_mod") for k in state["model"])  # saved from the uncompiled module
 
     model, _ = load_model(tmp_path / "checkpoint.pt")  # the EMA, into a plain module
-    compiled = trainer.ema_forward  # already compiled for the sample grid: 8 images of each of 4 classes
+    compiled = trainer.run.ema_forward  # already compiled for the sample grid: 8 images of each of 4 classes
     unwrap(compiled).load_state_dict(state["ema"])  # the same plain state dict goes into the compiled one
     noise, y = torch.randn(32, 3, 32, 32), torch.arange(32) % 4
     eager = sample("euler", model, noise, y, steps=1, cfg_scale=2.0).x
@@ -89,7 +89,7 @@ def test_precision_and_compile_do_not_change_the_run_identity(tmp_path):
     """A run may continue on another device or in another mode; only the architecture is pinned."""
     Trainer(fast_config(tmp_path, steps=1), progress=False).fit()
     trainer = Trainer(fast_config(tmp_path, steps=2, precision="bf16"), progress=False)
-    assert trainer.step == 1
+    assert trainer.run.step == 1
     trainer.close()  # a trainer holds its run directory until it trains or lets go
     with pytest.raises(TinyDiTError, match="qk_norm: None -> True"):
         Trainer(fast_config(tmp_path, steps=2, qk_norm=True), progress=False)

@@ -88,8 +88,8 @@ def test_shortcut_training_resumes_exactly_and_samples_in_one_step(tmp_path, cap
     Trainer(fast_config(tmp_path / "b", **{**kw, "steps": 2}), progress=False).fit()
     resumed = Trainer(fast_config(tmp_path / "b", **kw), progress=False)
     resumed.fit()
-    for k, v in straight.model.state_dict().items():
-        assert torch.equal(v, resumed.model.state_dict()[k]), k
+    for k, v in straight.run.model.state_dict().items():
+        assert torch.equal(v, resumed.run.model.state_dict()[k]), k
     model, _ = load_model(tmp_path / "a" / "checkpoint.pt")
     assert model.config.shortcut and model.d_embed is not None
     code = main(["sample", "--checkpoint", str(tmp_path / "a" / "checkpoint.pt"), "--steps", "1", "--cfg", "1",
@@ -102,6 +102,6 @@ def test_shortcut_training_resumes_exactly_and_samples_in_one_step(tmp_path, cap
 def test_shortcut_loss_falls_in_a_short_run(tmp_path):
     trainer = Trainer(fast_config(tmp_path, steps=30, batch_size=32, limit=256, few_step="shortcut", log_every=10),
                       progress=False)  # fmt: skip
-    first = trainer.validation_loss(trainer.ema)
+    first = trainer.validation_losses(trainer.run.ema)[0]
     result = trainer.fit()
     assert math.isfinite(result.val_loss) and result.val_loss < 0.8 * first

@@ -26,15 +26,15 @@ def test_resumed_run_ends_with_exactly_the_weights_of_an_uninterrupted_one(tmp_p
 
     Trainer(fast_config(tmp_path / "b", steps=3, batch_size=8, limit=20), progress=False).fit()
     resumed = Trainer(fast_config(tmp_path / "b", steps=6, batch_size=8, limit=20), progress=False)
-    assert resumed.step == 3
+    assert resumed.run.step == 3
     resumed.fit()
 
-    assert _states_equal(straight.model.state_dict(), resumed.model.state_dict())
-    assert _states_equal(straight.ema.state_dict(), resumed.ema.state_dict())
-    a, b = straight.opt.state_dict()["state"], resumed.opt.state_dict()["state"]
+    assert _states_equal(straight.run.model.state_dict(), resumed.run.model.state_dict())
+    assert _states_equal(straight.run.ema.state_dict(), resumed.run.ema.state_dict())
+    a, b = straight.run.opt.state_dict()["state"], resumed.run.opt.state_dict()["state"]
     assert all(_states_equal(a[k], b[k]) for k in a)
     # and the checkpoint on disk holds the same weights
-    assert _states_equal(load_checkpoint(tmp_path / "b" / "checkpoint.pt")["model"], straight.model.state_dict())
+    assert _states_equal(load_checkpoint(tmp_path / "b" / "checkpoint.pt")["model"], straight.run.model.state_dict())
 
 
 def test_a_continued_run_keeps_the_token_linear_kernel_it_started_with(tmp_path, monkeypatch):
@@ -48,11 +48,11 @@ def test_a_continued_run_keeps_the_token_linear_kernel_it_started_with(tmp_path,
     assert load_checkpoint(tmp_path / "b" / "checkpoint.pt")["kernels"]["token_linears"] == "onednn"
     monkeypatch.setattr(linear_module, "_onednn_faster", False)  # a later process whose probe says BLAS
     resumed = Trainer(fast_config(tmp_path / "b", steps=6, **kw), progress=False)
-    assert resumed.kernels()["token_linears"] == "onednn"
+    assert resumed.run.kernels()["token_linears"] == "onednn"
     resumed.fit()
-    assert _states_equal(straight.model.state_dict(), resumed.model.state_dict())
+    assert _states_equal(straight.run.model.state_dict(), resumed.run.model.state_dict())
     # a new run follows the probe
-    assert Trainer(fast_config(tmp_path / "c", steps=1, **kw), progress=False).kernels()["token_linears"] == "blas"
+    assert Trainer(fast_config(tmp_path / "c", steps=1, **kw), progress=False).run.kernels()["token_linears"] == "blas"
 
 
 def test_checkpoint_round_trip_and_contents(tiny_run):
@@ -65,7 +65,7 @@ def test_checkpoint_round_trip_and_contents(tiny_run):
     assert _states_equal(model.state_dict(), state["ema"])
     assert not _states_equal(state["ema"], state["model"])
     cfg = json.loads((out / "config.json").read_text())
-    assert cfg["train"]["preset"] == "dit-0.2m" and cfg["model"]["dim"] == 64
+    assert cfg["train"]["preset"] == "dit-0.2m" and cfg["model"]["dim"] == 64 and cfg["processes"] == 1
     assert cfg["kernels"]["token_linears"] in ("blas", "onednn") and cfg["kernels"]["attention"] == "sdpa"  # fp32
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert any("val_loss" in r for r in lines) and any("img_per_s" in r for r in lines)
@@ -110,17 +110,17 @@ def test_continuing_with_other_settings_is_refused_and_keeps_the_run(tmp_path):
         Trainer(fast_config(tmp_path, steps=4, preset="dit-1.9m"), progress=False)
     assert (tmp_path / "checkpoint.pt").read_bytes() == before
     fresh = Trainer(fast_config(tmp_path, steps=1, seed=3), overwrite=True, progress=False)
-    assert fresh.step == 0
+    assert fresh.run.step == 0
 
 
 def test_cooldown_decays_the_learning_rate_linearly_over_the_last_steps(tmp_path):
     trainer = Trainer(fast_config(tmp_path, steps=10, warmup=2, cooldown=4, lr=1e-3), progress=False)
-    lrs = [trainer.lr_at(s) for s in range(10)]
+    lrs = [trainer.budget.lr_at(s) for s in range(10)]
     assert lrs == pytest.approx([5e-4] + [1e-3] * 5 + [1e-3, 7.5e-4, 5e-4, 2.5e-4])
     trainer.fit()
     logged = {r["step"]: r["lr"] for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())
               if "lr" in r}  # fmt: skip
-    assert logged[10] == trainer.opt.param_groups[0]["lr"] == pytest.approx(2.5e-4)  # the last step's rate
+    assert logged[10] == trainer.run.opt.param_groups[0]["lr"] == pytest.approx(2.5e-4)  # the last step's rate
     with pytest.raises(TinyDiTError, match="`cooldown` 4 .* give `steps` of at least 4 \\(got 3\\)"):
         fast_config(tmp_path, steps=3, cooldown=4)
     with pytest.raises(TinyDiTError, match="got none"):
@@ -140,10 +140,11 @@ def test_a_run_continued_into_its_cooldown_ends_as_one_uninterrupted_run(tmp_pat
     Trainer(fast_config(tmp_path / "c", steps=3, **kw), progress=False).fit()
     resumed = Trainer(fast_config(tmp_path / "c", steps=6, cooldown=3, **kw), progress=False)
     resumed.fit()
-    assert _states_equal(straight.model.state_dict(), resumed.model.state_dict())
+    assert _states_equal(straight.run.model.state_dict(), resumed.run.model.state_dict())
     constant = Trainer(fast_config(tmp_path / "d", steps=6, **kw), progress=False)
     constant.fit()
-    assert not _states_equal(straight.model.state_dict(), constant.model.state_dict())  # the decay did something
+    decayed, constant = straight.run.model.state_dict(), constant.run.model.state_dict()
+    assert not _states_equal(decayed, constant)  # the decay did something
 
 
 def test_resume_flag_without_checkpoint_is_an_error(tmp_path):
@@ -156,7 +157,7 @@ def test_minutes_budget_stops_the_run(tmp_path, monkeypatch):
     its 1.2 s budget, whatever the machine's speed."""
     import types
 
-    import tinydit.train.trainer as trainer_module
+    import tinydit.train.budget as budget_module
 
     now = [0.0]
 
@@ -164,7 +165,7 @@ def test_minutes_budget_stops_the_run(tmp_path, monkeypatch):
         now[0] += 0.1
         return now[0]
 
-    monkeypatch.setattr(trainer_module, "time", types.SimpleNamespace(perf_counter=perf_counter, strftime=time.strftime,
+    monkeypatch.setattr(budget_module, "time", types.SimpleNamespace(perf_counter=perf_counter, strftime=time.strftime,
                                                                        gmtime=time.gmtime))  # fmt: skip
     result = Trainer(fast_config(tmp_path, steps=None, minutes=0.02), progress=False).fit()
     assert 1 <= result.step and 1.2 <= result.train_seconds < 1.2 + 1.0  # at most one step's readings past it
@@ -183,7 +184,7 @@ def test_fashion_mnist_validation_loss_falls(tmp_path):
                       warmup=10, val_every=1000, lr=2e-3)
     trainer = Trainer(cfg, progress=False)
     assert trainer.model_config.in_channels == 1 and trainer.model_config.img_size == 28
-    before = trainer.validation_loss(trainer.model)
+    before = trainer.validation_losses(trainer.run.model)[0]
     result = trainer.fit()
     assert result.val_loss < 0.8 * before, (before, result.val_loss)
 
@@ -197,7 +198,7 @@ def test_ctrl_c_stops_at_a_step_boundary_and_the_resume_stays_exact(tmp_path, mo
     original = Trainer.train_step
 
     def interrupted_mid_step(self):
-        if self.step == 3:
+        if self.run.step == 3:
             signal.raise_signal(signal.SIGINT)  # arrives in the middle of step 4's work
         return original(self)
 
@@ -208,8 +209,8 @@ def test_ctrl_c_stops_at_a_step_boundary_and_the_resume_stays_exact(tmp_path, mo
     assert load_checkpoint(tmp_path / "b" / "checkpoint.pt")["step"] == 4  # the step it was in, completed
     resumed = Trainer(fast_config(tmp_path / "b", steps=6, batch_size=8, limit=20), progress=False)
     resumed.fit()
-    assert _states_equal(straight.model.state_dict(), resumed.model.state_dict())
-    assert _states_equal(straight.ema.state_dict(), resumed.ema.state_dict())
+    assert _states_equal(straight.run.model.state_dict(), resumed.run.model.state_dict())
+    assert _states_equal(straight.run.ema.state_dict(), resumed.run.ema.state_dict())
 
 
 def test_non_finite_weights_never_replace_a_good_checkpoint(tmp_path):
@@ -217,7 +218,7 @@ def test_non_finite_weights_never_replace_a_good_checkpoint(tmp_path):
     trainer.fit()
     good = (tmp_path / "checkpoint.pt").read_bytes()
     with torch.no_grad():
-        next(trainer.model.parameters()).fill_(float("nan"))
+        next(trainer.run.model.parameters()).fill_(float("nan"))
     with pytest.raises(TinyDiTError, match="NaN or infinite.*last good checkpoint is kept"):
         trainer.save()
     assert (tmp_path / "checkpoint.pt").read_bytes() == good
@@ -250,7 +251,7 @@ def test_a_run_continues_with_its_own_architecture_after_its_preset_changes(tmp_
     changed = {**model_module.PRESETS, "dit-0.2m": {**model_module.PRESETS["dit-0.2m"], "mlp": "swiglu"}}
     monkeypatch.setattr(model_module, "PRESETS", changed)
     resumed = Trainer(fast_config(tmp_path, steps=2), progress=False)
-    assert resumed.step == 1 and resumed.model_config.mlp == "gelu"
+    assert resumed.run.step == 1 and resumed.model_config.mlp == "gelu"
     resumed.fit()
     assert Trainer(fast_config(tmp_path / "new", steps=1), progress=False).model_config.mlp == "swiglu"
 
@@ -286,16 +287,16 @@ def test_a_run_begun_with_the_unfused_adamw_continues_with_it_exactly(tmp_path, 
         straight.fit()
         Trainer(fast_config(tmp_path / "b", steps=3, **kw), progress=False).fit()
     resumed = Trainer(fast_config(tmp_path / "b", steps=6, **kw), progress=False)
-    assert not resumed.opt.defaults["fused"] and not resumed.opt.param_groups[0]["fused"]
+    assert not resumed.run.opt.defaults["fused"] and not resumed.run.opt.param_groups[0]["fused"]
     resumed.fit()
-    assert _states_equal(straight.model.state_dict(), resumed.model.state_dict())
+    assert _states_equal(straight.run.model.state_dict(), resumed.run.model.state_dict())
 
     scaler = torch.amp.GradScaler("cpu")  # fp16's scaler (CUDA only in the trainer), on the resumed optimizer
-    for p in resumed.model.parameters():
+    for p in resumed.run.model.parameters():
         p.grad = torch.ones_like(p)
     scaler.scale(torch.ones(()))
-    scaler.unscale_(resumed.opt)
-    scaler.step(resumed.opt)
+    scaler.unscale_(resumed.run.opt)
+    scaler.step(resumed.run.opt)
     scaler.update()
 
 
@@ -303,9 +304,10 @@ def test_a_class_filter_trains_on_those_classes_relabelled_in_the_order_given(tm
     from tinydit.cli import main
 
     trainer = Trainer(fast_config(tmp_path, steps=2, classes="cross,0"), progress=False)
-    assert trainer.train_set.classes == ["cross", "circle"] and trainer.model_config.n_classes == 2
-    assert set(trainer.train_set.labels.tolist()) == {0, 1} and len(trainer.train_set) == 256  # limit counts kept ones
-    captions = {c.split(" on ")[0].split()[-1] for c in trainer.train_set.captions}
+    assert trainer.data.train_set.classes == ["cross", "circle"] and trainer.model_config.n_classes == 2
+    kept = trainer.data.train_set
+    assert set(kept.labels.tolist()) == {0, 1} and len(kept) == 256  # limit counts kept ones
+    captions = {c.split(" on ")[0].split()[-1] for c in trainer.data.train_set.captions}
     assert captions == {"cross", "circle"}  # the images are the ones asked for
     trainer.fit()
     assert load_checkpoint(tmp_path / "checkpoint.pt")["data"]["classes"] == ["cross", "circle"]
@@ -354,6 +356,6 @@ def test_learning_rate_defaults_by_data_and_is_written_down(tmp_path):
     assert TrainConfig(lr=5e-4).lr == 5e-4
     assert TrainConfig.from_dict(TrainConfig(data="fmnist").to_dict()).lr == 1e-3
     trainer = Trainer(fast_config(tmp_path, steps=1, warmup=1), progress=False)
-    assert trainer.opt.param_groups[0]["lr"] == 2e-3  # the optimizer gets the resolved rate
+    assert trainer.run.opt.param_groups[0]["lr"] == 2e-3  # the optimizer gets the resolved rate
     with pytest.raises(TinyDiTError, match="`lr` must be > 0"):
         TrainConfig(lr=0.0)

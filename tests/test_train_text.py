@@ -29,7 +29,7 @@ def test_the_validation_loss_falls_on_shapes_captions(tmp_path, kind):
     cfg = fast_config(tmp_path, **kind, steps=50, batch_size=32, limit=1024, val_size=64, warmup=5, lr=2e-3,
                       val_every=1000)  # fmt: skip
     trainer = Trainer(cfg, progress=False)
-    before = trainer.validation_loss(trainer.model)  # the zero prediction: about E|noise - x0|^2
+    before = trainer.validation_losses(trainer.run.model)[0]  # the zero prediction: about E|noise - x0|^2
     result = trainer.fit()
     assert result.val_loss < 0.7 * before, (before, result.val_loss)
 
@@ -40,30 +40,30 @@ def test_a_resumed_text_run_ends_with_exactly_the_weights_of_an_uninterrupted_on
     straight.fit()
     Trainer(fast_config(tmp_path / "b", steps=3, **kw), progress=False).fit()
     resumed = Trainer(fast_config(tmp_path / "b", steps=6, **kw), progress=False)
-    assert resumed.step == 3
+    assert resumed.run.step == 3
     resumed.fit()
-    assert _states_equal(straight.model.state_dict(), resumed.model.state_dict())
-    assert _states_equal(straight.ema.state_dict(), resumed.ema.state_dict())
+    assert _states_equal(straight.run.model.state_dict(), resumed.run.model.state_dict())
+    assert _states_equal(straight.run.ema.state_dict(), resumed.run.ema.state_dict())
 
 
 def test_held_out_combinations_are_never_trained_on_and_everything_is_recorded(tmp_path):
     trainer = Trainer(fast_config(tmp_path, **MMDIT, steps=2, sample_every=2), progress=False)
     assert trainer.cfg.holdout == SHAPES_HOLDOUT == "red triangle,blue circle"  # the shapes default, written out
     phrases = ("red triangle", "blue circle")
-    assert trainer.n_held_out > 0 and not any(holds_phrase(c, phrases) for c in trainer.train_set.captions)
-    assert len(trainer.train_set) + trainer.n_held_out == 256  # --limit, before the hold-out
-    ids = trainer.train_tokens
-    assert ids.shape == (len(trainer.train_set), 8) and bool((ids[:, 0] == BOS).all())
-    assert trainer.tokenizer.decode(ids[:3]) == trainer.train_set.captions[:3]
+    assert trainer.data.n_held_out > 0 and not any(holds_phrase(c, phrases) for c in trainer.data.train_set.captions)
+    assert len(trainer.data.train_set) + trainer.data.n_held_out == 256  # --limit, before the hold-out
+    ids = trainer.data.train_tokens
+    assert ids.shape == (len(trainer.data.train_set), 8) and bool((ids[:, 0] == BOS).all())
+    assert trainer.data.tokenizer.decode(ids[:3]) == trainer.data.train_set.captions[:3]
     trainer.fit()
 
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["model_type"] == "mmdit" and config["train"]["holdout"] == "red triangle,blue circle"
-    assert config["text"]["holdout"] == list(phrases) and config["text"]["held_out_images"] == trainer.n_held_out
+    assert config["text"]["holdout"] == list(phrases) and config["text"]["held_out_images"] == trainer.data.n_held_out
     state = load_checkpoint(tmp_path / "checkpoint.pt")
     model, _ = load_model(state)
     assert isinstance(model, MMDiT) and model.config.vocab_size == 16
-    assert tokenizer_of(state) == trainer.tokenizer and "red" in tokenizer_of(state).vocab  # words seen apart
+    assert tokenizer_of(state) == trainer.data.tokenizer and "red" in tokenizer_of(state).vocab  # words seen apart
     held_prompts = ["a red triangle on a green background", "a blue circle on a yellow background"]
     assert state["data"]["prompts"][-2:] == held_prompts
     # The sample grid: one row of 8 per prompt, 8 prompts (34 px per 32 px image with its border).
@@ -83,7 +83,7 @@ def test_the_text_dit_checkpoint_is_a_dit_and_class_runs_store_no_tokenizer(tmp_
 def test_dropped_captions_become_the_empty_caption(tmp_path):
     trainer = Trainer(fast_config(tmp_path, **MMDIT, steps=4, batch_size=64, class_dropout=0.5), progress=False)
     seen = []
-    trainer.forward = lambda x, t, y: (seen.append(y.clone()), trainer.model(x, t, y))[1]
+    trainer.run.forward = lambda x, t, y: (seen.append(y.clone()), trainer.run.model(x, t, y))[1]
     for _ in range(4):
         trainer.train_step()
     y = torch.cat(seen)  # (256, L)

@@ -34,19 +34,22 @@ def save_checkpoint(path: str | Path, state: dict) -> None:
     torch_save(path, payload)
 
 
-def check_same_run(cfg: TrainConfig, state: dict, out: Path, data_name: str | None = None) -> None:
+def check_same_run(cfg: TrainConfig, state: dict, out: Path, data_name: str | None = None,
+                   preset: str | None = None) -> None:  # fmt: skip
     """Refuse to continue the run in ``state`` with settings that change what it computes, or a checkpoint
-    that lacks what a continuation needs."""
+    that lacks what a continuation needs. ``preset``: the run's, where it is not ``cfg``'s (a student's is
+    its teacher's)."""
     missing = [k for k in ("model", "ema", "optimizer", "train_seconds", "rng") if k not in state]
     if missing:
         raise TinyDiTError(f"{out / 'checkpoint.pt'} lacks {', '.join(missing)}, so the run cannot be continued; "
                            "start afresh with `overwrite` or choose another `out`")  # fmt: skip
     old = TrainConfig.from_dict(state["train_config"])
     old_data, new_data = state["data"]["name"], data_name or canonical_name(cfg.data)  # both canonical
+    new = {name: getattr(cfg, name) for name in TRAJECTORY_FIELDS} | {"preset": preset or cfg.preset}
     changed = [
-        f"{name}: {getattr(old, name)!r} -> {getattr(cfg, name)!r}"
+        f"{name}: {getattr(old, name)!r} -> {new[name]!r}"
         for name in TRAJECTORY_FIELDS
-        if name != "data" and getattr(old, name) != getattr(cfg, name)
+        if name != "data" and getattr(old, name) != new[name]
         # The cool-down's share of a time budget matters only once its plan is made (the decay begins then).
         and not (name == "cooldown_frac" and state.get("plan") is None)
     ]

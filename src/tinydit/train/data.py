@@ -24,8 +24,9 @@ from tinydit.data.datasets import load_dataset
 from tinydit.data.shapes import GRID_PROMPTS
 from tinydit.data.text import Tokenizer, class_captions, holds_phrase
 from tinydit.errors import TinyDiTError
+from tinydit.train.optim import step_generator
 
-__all__ = ["RunData", "prepare_data", "cache_dataset", "canonical_data"]
+__all__ = ["RunData", "BatchOrder", "prepare_data", "cache_dataset", "canonical_data"]
 
 VAL_EVERY = 20  # a Dataset given without a validation set: every 20th image is held out for the validation loss
 
@@ -49,6 +50,13 @@ class RunData:
             out.update(vocab_size=self.tokenizer.vocab_size, text_len=self.tokenizer.max_len)
         return out
 
+    def record(self) -> dict:
+        """What a checkpoint records of the data: its name, classes and image shape (text runs: the grid prompts)."""
+        ds = self.train_set
+        prompts = {"prompts": list(self.prompts)} if self.tokenizer is not None else {}
+        return {"name": self.name, "classes": list(ds.classes), "channels": ds.channels, "img_size": ds.img_size,
+                **prompts}  # fmt: skip
+
     def batch(self, train: bool, idx: torch.Tensor, generator=None, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
         """Images (N, C, H, W) and their conditions: labels (N,), or caption ids (N, L) in text runs."""
         ds, tokens = (self.train_set, self.train_tokens) if train else (self.val_set, self.val_tokens)
@@ -56,6 +64,24 @@ class RunData:
         if tokens is not None:
             y = tokens[idx].to(device, non_blocking=True)
         return x, y
+
+
+class BatchOrder:
+    """Which of ``n`` training images step s trains on: epoch e's order is a permutation seeded with
+    (seed, e), so any step's batch is known without replaying the steps before it."""
+
+    def __init__(self, n: int, batch_size: int, seed: int):
+        self.n, self.batch_size, self.seed = n, batch_size, seed
+        self.steps_per_epoch = n // batch_size
+        self._epoch, self._perm = -1, torch.empty(0, dtype=torch.long)
+
+    def indices(self, step: int) -> torch.Tensor:
+        """(batch_size,) int64 image indices of ``step``'s global batch."""
+        epoch, i = divmod(step, self.steps_per_epoch)
+        if epoch != self._epoch:
+            self._perm = torch.randperm(self.n, generator=step_generator(self.seed, 7919, epoch))
+            self._epoch = epoch
+        return self._perm[i * self.batch_size : (i + 1) * self.batch_size]
 
 
 def cache_dataset(dataset: Dataset, flip: bool, desc: str) -> CachedDataset:

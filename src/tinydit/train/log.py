@@ -70,23 +70,33 @@ class RunLog:
         if not self.quiet:
             print(message, file=sys.stderr)
 
-    def announce(self, step: int, out: Path, cfg, data, params: int, device) -> None:
+    def announce(self, step: int, out: Path, cfg, preset: str, data, params: int, device, compiled: bool) -> None:
+        if compiled and cfg.compile == "auto" and device.type == "cpu":
+            self.say(f"compiling the model: a CPU run of {cfg.minutes:g} minutes wins back the first minute it "
+                     "takes (--compile off to skip)")
         if step:
             return self.say(f"continuing {out} from step {step}")
-        what = f"{cfg.preset}, text-conditioned," if cfg.cond == "text" else cfg.preset
+        what = f"{preset}, text-conditioned," if cfg.cond == "text" else preset
         held = f", {data.n_held_out} held out: {cfg.holdout}" if data.n_held_out else ""
         ds = data.train_set
         self.say(f"training {what} ({params / 1e6:.2f}M parameters) on {data.name} ({len(ds)} images, "
                  f"{ds.channels}x{ds.img_size}x{ds.img_size}{held}) on {device}; run directory {out}")
 
-    def write_config(self, cfg, model_config, data, params: int, device, precision: str, compiled: bool,
-                     kernels: dict, text: dict | None) -> None:  # fmt: skip
-        """``config.json``: the resolved training and model config, what the run runs on, and versions."""
-        resolved = {"train": cfg.to_dict(), "model_type": cfg.model, "model": model_config.to_dict(),
+    def write_config(self, cfg, preset: str, model_config, data, params: int, device, precision: str, compiled: bool,
+                     kernels: dict, processes: int) -> None:  # fmt: skip
+        """``config.json``: the resolved training and model config, what the run runs on (device, precision,
+        kernels, the number of processes), and versions; text runs add their tokenizer's sizes and hold-out."""
+        text = None
+        if data.tokenizer is not None:
+            text = {"vocab_size": data.tokenizer.vocab_size, "text_len": data.tokenizer.max_len,
+                    "holdout": list(cfg.held_out_phrases()), "held_out_images": data.n_held_out,
+                    "grid_prompts": data.prompts}  # fmt: skip
+        resolved = {"train": {**cfg.to_dict(), "preset": preset}, "model_type": cfg.model,
+                    "model": model_config.to_dict(),
                     "data": {"name": data.name, "classes": data.train_set.classes, "train_images": len(data.train_set)},
-                    "params": params, "device": str(device), "precision": precision, "compile": compiled,
-                    "kernels": kernels, "tinydit_version": __version__, "torch_version": torch.__version__,
-                    **({"text": text} if text is not None else {})}  # fmt: skip
+                    "params": params, "device": str(device), "processes": processes, "precision": precision,
+                    "compile": compiled, "kernels": kernels, "tinydit_version": __version__,
+                    "torch_version": torch.__version__, **({"text": text} if text is not None else {})}  # fmt: skip
         write_text(self.path.parent / "config.json", json.dumps(resolved, indent=2) + "\n")
 
     def report(self, step: int, minutes: float, val, val_ema, by_t, checkpoint: Path, samples, distilled: bool):

@@ -17,13 +17,14 @@ from torch import nn
 from tinydit.config import KNOTS
 from tinydit.errors import TinyDiTError
 from tinydit.files import torch_save
+from tinydit.flow.distill import distill_loss
 from tinydit.flow.generate import class_cycle
 from tinydit.flow.samplers import sample_path
 from tinydit.models.checkpoint import load_checkpoint, load_model
 from tinydit.progress import Progress
 from tinydit.runtime import autocast
 
-__all__ = ["TeacherPaths", "teacher_paths", "load_teacher", "run_paths"]
+__all__ = ["TeacherPaths", "Distillation", "teacher_paths", "load_teacher", "run_paths"]
 
 
 @dataclass
@@ -128,3 +129,30 @@ def run_paths(cfg, teacher_state: dict, cache: Path, device, precision: str, pro
     print(f"teacher paths: {len(train)} in {train.seconds:.0f} s ({train.nfe} evaluations each), cached in {cache}",
           file=sys.stderr)  # fmt: skip
     return train, runs["val"]
+
+
+class Distillation:
+    """A student's side of distillation: the teacher's checkpoint (whose preset and architecture the
+    student takes), its sampled paths for training and validation, and the loss on a batch of them."""
+
+    def __init__(self, cfg, data_name: str):
+        self.cfg = cfg
+        self.state = load_teacher(cfg.teacher, cfg.model, data_name)
+        self.preset: str = self.state["train_config"]["preset"]
+        self.paths: TeacherPaths | None = None
+        self.val_paths: TeacherPaths | None = None
+
+    def prepare(self, out: Path, device, precision: str, world, log, step: int, progress: bool) -> None:
+        """Sample (rank 0) or read (the other ranks, and continuations) the run's paths, cached in ``out``."""
+        with world.main_first():
+            self.paths, self.val_paths = run_paths(self.cfg, self.state, out / "teacher_paths.pt", device, precision,
+                                                   progress and world.main)  # fmt: skip
+        log.record({"step": step, "teacher_paths": len(self.paths), "teacher_nfe": self.paths.nfe,
+                    "teacher_seconds": round(self.paths.seconds, 1)})  # fmt: skip
+
+    def loss(self, forward, idx: torch.Tensor, device, precision: str, generator: torch.Generator) -> torch.Tensor:
+        """The student's loss on the paths ``idx`` (this rank's share); no guidance dropout: the teacher's
+        guidance is in its paths."""
+        states = self.paths.states[idx].to(device, non_blocking=True)  # (n, KNOTS + 1, C, H, W) float16
+        with autocast(device, precision):
+            return distill_loss(forward, states, self.paths.y[idx].to(device), generator=generator)

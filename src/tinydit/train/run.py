@@ -1,0 +1,103 @@
+"""The state training changes (``Run``): the model and its EMA, the optimizer and the gradient scaler, the
+step and the seconds trained, the forwards the loop calls (compiled, wrapped in DDP), the kernels they
+run on, and the update."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from pathlib import Path
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from tinydit.config import TrainConfig
+from tinydit.errors import TinyDiTError
+from tinydit.flow import distill
+from tinydit.models.attention import resolve_backend as resolve_attention
+from tinydit.models.checkpoint import unwrap
+from tinydit.models.linear import linear_backend
+from tinydit.models.linear import resolve_backend as resolve_linear
+from tinydit.models.registry import build_model
+from tinydit.runtime import autocast, make_grad_scaler, maybe_compile
+from tinydit.train import optim
+from tinydit.train.checkpoint import restore
+
+__all__ = ["Run"]
+
+
+class Run:
+    """A ``kind`` model of ``config`` on ``device`` with its EMA, AdamW and gradient scaler, at step 0.
+
+    ``student_of``: a teacher's EMA weights to start from (distillation). ``unfused``: keep the unfused
+    AdamW of a checkpoint written before the fused one (the two round differently). The compiled
+    wrappers (``forward``, ``ema_forward``) share the weights of ``model`` and ``ema``; checkpoints come
+    from the originals. DDP averages the ranks' gradients in backward; the EMA (updated alike on every
+    rank) needs none.
+    """
+
+    def __init__(self, kind: str, config, cfg: TrainConfig, device: torch.device, precision: str, world,
+                 compiled: bool, student_of: dict | None = None, unfused: bool = False):  # fmt: skip
+        self.cfg = cfg
+        torch.manual_seed(cfg.seed)
+        self.model = build_model(kind, config).to(device)  # fp32 master weights, saved as they are
+        if student_of is not None:
+            distill.init_student(self.model, student_of)
+        self.ema = copy.deepcopy(self.model).requires_grad_(False).eval()
+        self.opt = optim.adamw(self.model.parameters(), device, cfg.lr, cfg.weight_decay,
+                               fused=False if unfused else None)  # fmt: skip
+        self.scaler = make_grad_scaler(device, precision)
+        ddp = None
+        if world.active:
+            ddp = DistributedDataParallel(self.model, device_ids=[device.index] if device.type == "cuda" else None)
+        self.forward = maybe_compile(ddp or self.model, compiled)
+        self.ema_forward = maybe_compile(self.ema, compiled)
+        self.device, self.precision = device, precision
+        self.step, self.train_seconds = 0, 0.0
+        self.linear_kernel: str | None = None  # None: whatever the caller's context (or auto) picks
+
+    def restore(self, state: dict, path: Path, kind: str, config, classes: list[str]) -> None:
+        """Continue from a checkpoint's weights, EMA, optimizer, scaler, step and seconds. A continuation on
+        the same kind of device in the same precision also keeps its token-linear kernel: the
+        alternatives round differently."""
+        self.step, self.train_seconds = restore(state, path, kind, config, classes, self.model, self.ema, self.opt,
+                                                self.scaler)  # fmt: skip
+        saved = state.get("kernels")
+        if saved is not None and (saved["device"], saved["precision"]) == (self.device.type, self.precision):
+            self.linear_kernel = saved["token_linears"]
+
+    def kernel(self) -> contextlib.AbstractContextManager:
+        """The context the run trains in: a continued run's recorded token-linear kernel, else the caller's."""
+        return linear_backend(self.linear_kernel) if self.linear_kernel else contextlib.nullcontext()
+
+    def kernels(self) -> dict[str, str]:
+        """The kernels this run's device and precision get: machines that pick differently train to
+        results that differ by float rounding."""
+        x = torch.empty(0, device=self.device)
+        with self.kernel(), autocast(self.device, self.precision):
+            return {"token_linears": resolve_linear(x), "attention": resolve_attention(x)}
+
+    def update(self, loss: torch.Tensor, lr: float) -> torch.Tensor:
+        """Backward, clip, an optimizer step at ``lr``, the EMA, the next step; returns the detached loss."""
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+        self.opt.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        if self.cfg.grad_clip > 0:
+            self.scaler.unscale_(self.opt)  # clip the true gradients, not the scaled ones
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        self.scaler.step(self.opt)
+        self.scaler.update()
+        optim.ema_update(self.ema, self.model, optim.ema_decay_at(self.cfg, self.step))
+        self.step += 1
+        return loss.detach()
+
+    def state_dict(self) -> dict:
+        """The weights, EMA, optimizer, scaler, step and seconds: a checkpoint's changing part. Refuses
+        weights that went non-finite, so the last good checkpoint is kept."""
+        if not all(torch.isfinite(p).all() for p in self.model.parameters()):
+            raise TinyDiTError(f"the weights became NaN or infinite by step {self.step}; the last good checkpoint is "
+                               "kept. Lower `lr` (or raise `warmup`) and start again with `overwrite`")  # fmt: skip
+        return {"model": unwrap(self.model).state_dict(), "ema": unwrap(self.ema).state_dict(),
+                "optimizer": self.opt.state_dict(), "grad_scaler": self.scaler.state_dict(), "step": self.step,
+                "train_seconds": self.train_seconds}  # fmt: skip
