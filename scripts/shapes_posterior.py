@@ -16,6 +16,10 @@ effective sample size). The gap between "null" and "true" is what the model take
 ``hybrid``: ancestral sampling (``eta`` 1: DDPM's noise, 0: Euler) whose x0 comes from the empirical class
 posterior for t > ``switch`` and from the model below it (guidance ``cfg``), scored by the strict judge:
 whether the model finishes shapes whose layout was laid out right.
+
+``track``: the model's own Euler path from noise (guidance ``cfg``); at each knot t the strict judge reads
+the model's x0 and the empirical class posterior's x0 at the same x_t: where the second still holds a
+right shape and the first does not, the model has left what the data says at a point of its own path.
 """
 
 from __future__ import annotations
@@ -93,9 +97,45 @@ def hybrid(model, posterior: EmpiricalPosterior, n: int, switch: float, cfg: flo
     return {k: round(v, 3) for k, v in strict_scores(to_uint8(x), y).items()}
 
 
+def track(model, posterior: EmpiricalPosterior, n: int, cfg: float, steps: int, out: str | None) -> None:
+    from tinydit.eval.shape_fit import fit_shapes
+    from tinydit.flow.samplers import euler
+
+    g = torch.Generator().manual_seed(0)
+    y = torch.arange(n) % 4
+    rows, shots = [], []
+
+    def velocity(x: torch.Tensor, t: float) -> torch.Tensor:
+        v, _ = guided_velocity(model, x, torch.full((n,), t), y, cfg)
+        x0_model = x - t * v
+        x0_emp, ess = posterior(x, t, y)
+        row = {"t": round(t, 3), "ess": round(ess, 1)}
+        for name, x0 in (("model", x0_model), ("empirical", x0_emp)):
+            fit = fit_shapes(to_uint8(x0.clamp(-1, 1)))
+            ok = fit.passes(y)
+            row[name] = round(float(ok.mean()), 3)
+            row[name + "_cross"] = round(float(ok[y.numpy() == 3].mean()), 3)
+        row["dist_cross"] = round((x0_model - x0_emp)[y == 3].pow(2).mean().item(), 4)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        shots.append((x0_model[y == 3][:6], x0_emp[y == 3][:6]))
+        return v
+
+    x = euler(velocity, torch.randn(n, 3, 32, 32, generator=g), uniform_grid(steps))
+    final = strict_scores(to_uint8(x), y)
+    print(json.dumps({"final": {k: round(v, 3) for k, v in final.items()}}), flush=True)
+    if out:
+        from torchvision.utils import save_image
+
+        pick = list(range(0, len(shots), max(1, len(shots) // 8)))
+        tiles = [torch.cat([shots[i][0], shots[i][1]], 0) for i in pick]  # per knot: 6 model, 6 empirical
+        grid = torch.stack(tiles, 1).flatten(0, 1)  # rows: samples (model then empirical), columns: knots
+        save_image((grid.clamp(-1, 1) + 1) / 2, out, nrow=len(pick), padding=1)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=("losses", "hybrid"))
+    p.add_argument("what", choices=("losses", "hybrid", "track"))
     p.add_argument("checkpoint")
     p.add_argument("--n", type=int, default=None, help="images (losses: 512 held-out; hybrid: 200 samples)")
     p.add_argument("--t", type=float, nargs="+", default=[0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95])
@@ -103,12 +143,17 @@ def main() -> None:
     p.add_argument("--cfg", type=float, nargs="+", default=[1.0], help="hybrid: the model's guidance below")
     p.add_argument("--eta", type=float, nargs="+", default=[0.0], help="hybrid: 1 DDPM's noise, 0 Euler")
     p.add_argument("--steps", type=int, default=64)
+    p.add_argument("--out", default=None, help="track: a PNG of the crosses' x0, the model's above the empirical")
     args = p.parse_args()
     model, _ = api.load_model(args.checkpoint)
     train = ShapesDataset(n=20000)
     posterior = EmpiricalPosterior(from_uint8(train.images).float(), train.labels)
     if args.what == "losses":
         losses(model, posterior, args.n or 512, args.t)
+        return
+    if args.what == "track":
+        for cfg in args.cfg:
+            track(model, posterior, args.n or 200, cfg, args.steps, args.out)
         return
     for switch in args.switch:
         for cfg in args.cfg:
