@@ -71,16 +71,17 @@ class RunLog:
             print(message, file=sys.stderr)
 
     def announce(self, step: int, out: Path, cfg, preset: str, data, params: int, device, compiled: bool) -> None:
+        if step:
+            self.say(f"continuing {out} from step {step}")
+        else:
+            what = f"{preset}, text-conditioned," if cfg.cond == "text" else preset
+            held = f", {data.n_held_out} held out: {cfg.holdout}" if data.n_held_out else ""
+            ds = data.train_set
+            self.say(f"training {what} ({params / 1e6:.2f}M parameters) on {data.name} ({len(ds)} images, "
+                     f"{ds.channels}x{ds.img_size}x{ds.img_size}{held}) on {device}; run directory {out}")
         if compiled and cfg.compile == "auto" and device.type == "cpu":
             self.say(f"compiling the model: a CPU run of {cfg.minutes:g} minutes wins back the first minute it "
                      "takes (--compile off to skip)")
-        if step:
-            return self.say(f"continuing {out} from step {step}")
-        what = f"{preset}, text-conditioned," if cfg.cond == "text" else preset
-        held = f", {data.n_held_out} held out: {cfg.holdout}" if data.n_held_out else ""
-        ds = data.train_set
-        self.say(f"training {what} ({params / 1e6:.2f}M parameters) on {data.name} ({len(ds)} images, "
-                 f"{ds.channels}x{ds.img_size}x{ds.img_size}{held}) on {device}; run directory {out}")
 
     def write_config(self, cfg, preset: str, model_config, data, params: int, device, precision: str, compiled: bool,
                      kernels: dict, processes: int) -> None:  # fmt: skip
