@@ -10,9 +10,10 @@ from conftest import FAST
 from torch.utils.data import Dataset
 
 from tinydit import api
-from tinydit.cli import add_config_flags, as_flags, build_parser, field_comments, flags_of, main
+from tinydit.cli import build_parser, main
 from tinydit.config import TrainConfig
 from tinydit.errors import TinyDiTError
+from tinydit.flags import add_config_flags, as_flags, field_comments, flags_of
 from tinydit.models.checkpoint import load_checkpoint
 
 

@@ -8,7 +8,8 @@ import pytest
 
 PACKAGE = Path(__file__).parent.parent / "src" / "tinydit"
 # the vocabulary every layer shares
-LEAVES = {"errors", "config", "runtime", "files", "images", "tokens", "progress", "distributed", "version"}
+LEAVES = {"errors", "config", "runtime", "files", "images", "tokens", "progress", "distributed", "version", "flags",
+          "records"}
 # What each layer may import (besides itself). The package root holds the version and get_device from the
 # leaves, and tinydit.from_pretrained, which calls the api's on first use.
 ALLOWED = {

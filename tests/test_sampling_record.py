@@ -12,16 +12,10 @@ from conftest import fast_config
 
 from tinydit import api
 from tinydit.cli import main
-from tinydit.config import (
-    MODEL_PRESETS,
-    SAMPLING_DEFAULT,
-    SAMPLING_KEYS,
-    check_sampler_args,
-    read_sampling_records,
-    recommended_sampling,
-)
+from tinydit.config import MODEL_PRESETS, check_sampler_args
 from tinydit.errors import TinyDiTError
 from tinydit.models.checkpoint import load_checkpoint
+from tinydit.records import SAMPLING_DEFAULT, SAMPLING_KEYS, read_sampling_records, recommended_sampling
 from tinydit.train import Trainer
 
 HEUN = {"sampler": "heun", "steps": 3, "cfg_scale": 1.5, "grid": "uniform", "shift": None, "cfg_interval": [0.2, 0.9],

@@ -4,10 +4,11 @@ import json
 import pytest
 from PIL import Image
 
-from tinydit.cli import main, parse_list
+from tinydit.cli import main
 from tinydit.errors import TinyDiTError
 from tinydit.eval.plot import line_plot
 from tinydit.eval.sweep import sweep_points
+from tinydit.flags import parse_list
 
 
 def test_points_cover_every_combination_and_dopri5_runs_over_tolerances():

@@ -27,16 +27,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from tinydit import distributed
-from tinydit.config import (
-    DEFAULT_DATA_PRESETS,
-    MODEL_PRESETS,
-    SAMPLING_DEFAULT,
-    SAMPLING_KEYS,
-    TrainConfig,
-    check_sampler_args,
-    check_seed,
-    split_sampling,
-)
+from tinydit.config import DEFAULT_DATA_PRESETS, MODEL_PRESETS, TrainConfig, check_sampler_args, check_seed
 from tinydit.data.datasets import load_dataset
 from tinydit.data.samples import check_output, write_samples
 from tinydit.data.text import tokenizer_of
@@ -54,6 +45,7 @@ from tinydit.models import checkpoint as checkpoints
 from tinydit.models.dit import DiTConfig, count_params
 from tinydit.models.pretrained import reference_folder
 from tinydit.models.registry import MODEL_TYPES, build_model, preset_config
+from tinydit.records import SAMPLING_DEFAULT, SAMPLING_KEYS, split_sampling
 from tinydit.runtime import autocast, maybe_compile, resolve_compile, resolve_device, resolve_precision
 from tinydit.train import Trainer, TrainResult
 from tinydit.train.checkpoint import save_checkpoint

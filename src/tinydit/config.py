@@ -15,8 +15,6 @@ Errors name the parameter in backticks (`steps`); the CLI prints the flag in its
 
 from __future__ import annotations
 
-import functools
-import json
 import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -25,17 +23,16 @@ from tinydit.errors import TinyDiTError
 from tinydit.runtime import COMPILE, PRECISIONS
 from tinydit.tokens import parse_phrases
 
-__all__ = ["TrainConfig", "TRAJECTORY_FIELDS", "SHAPES_HOLDOUT", "FEW_STEP", "MODEL_CONDS", "MODEL_PRESETS",
+__all__ = ["TrainConfig", "CHOICES", "TRAJECTORY_FIELDS", "SHAPES_HOLDOUT", "FEW_STEP", "MODEL_CONDS", "MODEL_PRESETS",
            "DEFAULT_PRESETS", "DEFAULT_DATA_PRESETS", "DEFAULT_BATCH_SIZES", "DEFAULT_LRS", "SAMPLER_NAMES",
            "GRID_NAMES", "T_SAMPLINGS", "KNOTS", "BUILTIN_DATASETS",
-           "canonical_name", "check_sampler_args", "check_seed", "split_sampling"]  # fmt: skip
+           "canonical_name", "check_sampler_args", "check_seed"]  # fmt: skip
 
 # Caption combinations a shapes text run never sees unless told otherwise (`holdout`): prompt adherence
 # on them measures compositional generalisation (tinydit.eval.adherence).
 SHAPES_HOLDOUT = "red triangle,blue circle"
 
 PRECISION_CHOICES = ("auto", *PRECISIONS)  # auto: the fastest measured on the device (tinydit.runtime)
-COMPILE_CHOICES = COMPILE
 FEW_STEP = ("none", "shortcut", "distill")  # see TrainConfig.few_step
 EVAL_BUDGETS = ("outside", "inside")  # see TrainConfig.eval_budget
 T_SAMPLINGS = ("uniform", "logit-normal")  # how training times are drawn (tinydit.flow.path.sample_t)
@@ -48,14 +45,11 @@ PLAN_AT = 0.1
 NOISEWARD_SHIFT = 2.2
 MAX_COOLDOWN_FRAC = 0.8
 # `minutes` runs let the learning rate fall over this last share of the budget unless told otherwise: a
-# run that stops at its peak rate ends on noisy weights, and the fall scored better on both built-in data sets.
+# run that stops at its peak rate ends on noisy weights.
 BUDGET_COOLDOWN_FRAC = 0.2
-# The default batch per data set, else 128. On a CPU a batch-64 step costs little more than half a
-# batch-128 one, and shapes gains more from the extra steps than from the larger batch; Fashion-MNIST
-# scored worse at 64, so it keeps 128.
+# The default batch per data set, else 128: shapes gains more from more, smaller steps than from a larger batch.
 DEFAULT_BATCH_SIZES = {"shapes": 64}
-# The default peak learning rate per data set, else 1e-3. Shapes at batch 64 trains faster at 2e-3 (as its
-# text-to-image recipe already did), and that is its edge: higher rates diverge near the data.
+# The default peak learning rate per data set, else 1e-3; shapes at batch 64 takes 2e-3, its edge of stability.
 DEFAULT_LRS = {"shapes": 2e-3}
 KNOTS = 8  # distillation: the teacher's path is kept at t = 0, 1/8, ..., 1 (tinydit.flow.distill)
 
@@ -111,7 +105,6 @@ DEFAULT_PRESETS: dict[str, str] = {"dit": "dit-1.9m", "mmdit": "mmdit-2.3m"}
 # The default preset of a (model, data set, conditioning), else DEFAULT_PRESETS. Shapes class runs take the
 # small model with pixel convolutions: their layout gains more from steps than from depth, and the
 # convolutions let neighbouring patches agree on an edge.
-# Fashion-MNIST and text runs were not measured with it.
 DEFAULT_DATA_PRESETS: dict[tuple[str, str, str], str] = {("dit", "shapes", "class"): "dit-1.4m"}
 
 # The built-in data sets and the spellings accepted for them; anything else is an image folder's path.
@@ -177,93 +170,6 @@ def check_sampler_args(
         raise TinyDiTError(f"`eta` must be in [0, 1] (0: deterministic, as Euler; 1: DDPM's noise), got {eta}")
 
 
-# The sampler settings a checkpoint records for sampling and evaluation ("sampling"): every key of
-# SAMPLING_KEYS and a "source" saying where they came from. A new run records the measured settings of its
-# data set, preset and conditioning (SAMPLING_RECORDS) if there are any, else SAMPLING_DEFAULT;
-# `tinydit sweep --apply` records a run's own best.
-SAMPLING_KEYS = ("sampler", "steps", "cfg_scale", "grid", "shift", "cfg_interval", "eta", "rtol", "atol")
-SAMPLING_DEFAULT = {"sampler": "euler", "steps": 32, "cfg_scale": 2.0, "grid": "uniform", "shift": None,
-                    "cfg_interval": None, "eta": None, "rtol": None, "atol": None}  # fmt: skip
-# Measurements, kept as data beside this module (package data) so that a new measurement changes no code.
-SAMPLING_RECORDS = Path(__file__).with_name("sampling_records.json")
-
-
-def split_sampling(settings: dict) -> tuple[str, int, float, dict]:
-    """A sampling record (``SAMPLING_KEYS``, e.g. a checkpoint's ``sampling``) as a sampler's arguments:
-    (sampler, steps, cfg_scale, options), the options without the unset ones and the interval a tuple."""
-    options = {k: settings[k] for k in SAMPLING_KEYS[3:] if settings.get(k) is not None}
-    if "cfg_interval" in options:
-        options["cfg_interval"] = tuple(options["cfg_interval"])
-    return settings["sampler"], settings["steps"], settings["cfg_scale"], options
-
-
-@functools.cache  # read once per process, however many runs and checkpoints ask
-def read_sampling_records(path: Path = SAMPLING_RECORDS) -> dict[tuple[str, str, str], dict]:
-    """The measured sampler settings in ``path`` by (data, preset, cond), each the settings it gives (a
-    subset of SAMPLING_KEYS) and its "source". Read once per path and shared: copy a record to change it.
-
-    Every record is checked as it is read, so an edited file fails here, naming the record, rather than
-    in a training run that records its settings."""
-    try:
-        records = json.loads(Path(path).read_text())["records"]
-    except FileNotFoundError as err:
-        raise TinyDiTError(f"the sampling records {path} are missing: reinstall tinydit") from err
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise TinyDiTError(f"{path} is not a sampling records file (JSON with a list of `records`): "
-                           f"{type(err).__name__}: {err}") from err  # fmt: skip
-    table = {}
-    for i, record in enumerate(records):
-        try:
-            key, found = _check_sampling_record(record)
-        except (TinyDiTError, KeyError, TypeError, ValueError, AttributeError) as err:
-            raise TinyDiTError(f"{path}, record {i}: {err}") from err
-        if key in table:
-            raise TinyDiTError(f"{path}, record {i}: a second record for {key}; keep one")
-        table[key] = found
-    return table
-
-
-def _check_sampling_record(record: dict) -> tuple[tuple[str, str, str], dict]:
-    """One record of the sampling records file as its key and settings (with "source"); raises if invalid."""
-    unknown = set(record) - {"data", "preset", "cond", "settings", "source"}
-    if unknown:
-        raise TinyDiTError(f"unknown fields {', '.join(sorted(unknown))}")
-    data, preset, cond = record["data"], record["preset"], record["cond"]
-    if data not in BUILTIN_DATASETS:
-        raise TinyDiTError(f"`data` {data!r} is not a built-in data set ({', '.join(BUILTIN_DATASETS)})")
-    model = next((m for m, presets in MODEL_PRESETS.items() if preset in presets), None)
-    if model is None:
-        raise TinyDiTError(f"unknown preset {preset!r}")
-    if cond not in MODEL_CONDS[model]:
-        raise TinyDiTError(f"preset {preset} takes `cond` {' or '.join(MODEL_CONDS[model])}, got {cond!r}")
-    settings = dict(record["settings"])
-    unknown = set(settings) - set(SAMPLING_KEYS)
-    if unknown or not {"sampler", "steps", "cfg_scale"} <= set(settings):
-        raise TinyDiTError(f"`settings` {settings} must give sampler, steps and cfg_scale, and may give only "
-                           f"{', '.join(SAMPLING_KEYS)}")  # fmt: skip
-    if isinstance(settings["steps"], bool) or not isinstance(settings["steps"], int):
-        raise TinyDiTError(f"`steps` must be an integer, got {settings['steps']!r}")
-    check_sampler_args(**{**SAMPLING_DEFAULT, **settings})
-    if not isinstance(record["source"], str) or not record["source"]:
-        raise TinyDiTError("`source` must say how the settings were measured")
-    return (data, preset, cond), {**settings, "source": record["source"]}
-
-
-def recommended_sampling(data: str, preset: str, cond: str, few_step: str = "none") -> dict:
-    """The sampler settings a new checkpoint records: complete (every key of SAMPLING_KEYS) and sourced."""
-    if few_step == "distill":  # guidance is in the teacher's paths, and the student learned Euler jumps
-        found = {"sampler": "euler", "steps": 4, "cfg_scale": 1.0,
-                 "source": "a distilled student takes 1, 2, 4 or 8 Euler steps at guidance 1"}
-    else:
-        found = read_sampling_records().get((canonical_name(data), preset, cond))
-    if found is None:
-        return {**SAMPLING_DEFAULT, "source": "the default, not measured for this data set and preset: "
-                                              "`tinydit sweep --apply` records the best for this checkpoint"}
-    settings = {**SAMPLING_DEFAULT, **found}
-    settings["cfg_interval"] = list(settings["cfg_interval"]) if settings["cfg_interval"] else None
-    return settings
-
-
 # Fields that change what a run computes. A run directory can only be continued with the same values;
 # everything else (steps, minutes, logging intervals, device) may change between invocations.
 TRAJECTORY_FIELDS = (
@@ -272,6 +178,14 @@ TRAJECTORY_FIELDS = (
     "few_step", "model", "cond", "holdout", "teacher", "teacher_sampler", "teacher_steps", "teacher_cfg",
     "teacher_cfg_interval", "distill_paths",
 )  # fmt: skip
+
+
+# The values each TrainConfig field with a closed set of values takes: checked here, listed by the CLI's --help.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "model": tuple(MODEL_CONDS), "cond": CONDS, "t_sampling": T_SAMPLINGS, "few_step": FEW_STEP,
+    "teacher_sampler": FIXED_STEP_SAMPLERS, "precision": PRECISION_CHOICES, "compile": COMPILE, "norm": NORMS,
+    "mlp": MLPS, "pos": POSITIONS, "pred": PREDICTIONS, "eval_budget": EVAL_BUDGETS,
+}  # fmt: skip
 
 
 @dataclass
@@ -419,21 +333,14 @@ class TrainConfig:
             raise TinyDiTError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
         if not 0 <= self.class_dropout < 1:
             raise TinyDiTError(f"class_dropout must be in [0, 1), got {self.class_dropout}")
-        if self.t_sampling not in T_SAMPLINGS:
-            raise TinyDiTError(f"`t_sampling` must be {' or '.join(T_SAMPLINGS)}, got {self.t_sampling!r}")
-        if self.few_step not in FEW_STEP:
-            raise TinyDiTError(f"`few_step` must be one of {', '.join(FEW_STEP)}; got {self.few_step!r}")
         self._check_distill()
         if self.t_shift <= 0:
             raise TinyDiTError(f"`t_shift` must be > 0, got {self.t_shift}")
-        if self.precision not in ("auto", *PRECISIONS):
-            raise TinyDiTError(f"`precision` must be auto, {', '.join(PRECISIONS)}; got {self.precision!r}")
-        if self.compile not in COMPILE:
-            raise TinyDiTError(f"`compile` must be auto, on or off; got {self.compile!r}")
+        for name in ("t_sampling", "few_step", "precision", "compile", "eval_budget"):
+            if getattr(self, name) not in CHOICES[name]:
+                raise TinyDiTError(f"`{name}` must be one of {', '.join(CHOICES[name])}; got {getattr(self, name)!r}")
         if self.eval_every < 0 or self.eval_n < 10:
             raise TinyDiTError(f"`eval_every` must be >= 0 and `eval_n` >= 10, got {self.eval_every} and {self.eval_n}")
-        if self.eval_budget not in EVAL_BUDGETS:
-            raise TinyDiTError(f"`eval_budget` must be {' or '.join(EVAL_BUDGETS)}, got {self.eval_budget!r}")
         if self.sample_cfg is not None and self.sample_cfg < 0:
             raise TinyDiTError(f"sample_cfg (guidance scale) must be >= 0, got {self.sample_cfg}")
 

@@ -17,6 +17,7 @@ import atexit
 import contextlib
 import datetime
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -25,12 +26,17 @@ import torch.distributed as dist
 
 from tinydit.errors import TinyDiTError
 
-__all__ = ["World", "launched", "init", "SINGLE"]
+__all__ = ["World", "launched", "rank", "init", "launch_local", "SINGLE"]
 
 # How long a rank waits in a collective for the others. Rank 0 alone validates, draws sample grids,
 # evaluates and writes checkpoints while the others wait at the next step, so this bounds those; a rank
 # that dies is noticed at once (its sockets close, and torchrun stops the rest), not after this.
 TIMEOUT = datetime.timedelta(minutes=30)
+
+
+def rank() -> int:
+    """This process's rank under torchrun, else 0 (read from the environment: no process group needed)."""
+    return int(os.environ["RANK"]) if launched() else 0
 
 
 def launched() -> bool:
@@ -162,3 +168,27 @@ def _collective(fn, *args, **kwargs):
         raise TinyDiTError(f"rank {rank} lost contact with the other ranks of this run ({str(err).splitlines()[0]}): "
                            "another rank crashed or was stopped; its own error is above. The last checkpoint is "
                            "kept: re-run the same command to continue") from err  # fmt: skip
+
+
+def launch_local(nproc: int, argv: list[str]) -> int:
+    """``tinydit CMD --nproc N ...``: the same command as N processes, started by torchrun on this machine;
+    returns the exit status."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun
+
+    rest, skip = [], False
+    for a in argv:  # the command without --nproc N / --nproc=N
+        if skip or a.startswith("--nproc="):
+            skip = False
+            continue
+        skip = a == "--nproc"
+        if not skip:
+            rest.append(a)
+    try:
+        # "--": torchrun would read abbreviations of its own flags (--n for --nnodes) past the module name
+        torchrun(["--standalone", f"--nproc_per_node={nproc}", "-m", "tinydit", "--", *rest])
+    except ChildFailedError as err:  # torchrun has printed each failed rank's error above
+        print(f"tinydit {argv[0]}: error: {len(err.failures)} of {nproc} processes failed "
+              f"(first: rank {min(err.failures)}, exit status {err.get_first_failure()[1].exitcode})", file=sys.stderr)
+        return 1
+    return 0

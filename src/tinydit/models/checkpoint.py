@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from tinydit.config import recommended_sampling
 from tinydit.errors import TinyDiTError
 from tinydit.models import pretrained
 from tinydit.models.dit import DiT
 from tinydit.models.registry import build_model, config_from_dict
+from tinydit.records import recommended_sampling
 from tinydit.version import __version__
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "load_checkpoint", "load_model", "check_weights", "recorded_sampling", "unwrap"]

@@ -8,12 +8,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from tinydit.config import split_sampling
 from tinydit.flow import distill
 from tinydit.flow.generate import class_cycle
 from tinydit.flow.path import N_T_BINS, flow_loss, t_bins
 from tinydit.flow.samplers import sample
 from tinydit.images import save_grid
+from tinydit.records import split_sampling
 from tinydit.train.data import RunData
 from tinydit.train.teacher import TeacherPaths
 

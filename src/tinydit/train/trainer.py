@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import Dataset
 
 from tinydit import distributed
-from tinydit.config import TrainConfig, recommended_sampling
+from tinydit.config import TrainConfig
 from tinydit.errors import TinyDiTError
 from tinydit.eval.run_report import write_run_report
 from tinydit.files import RunDirLock, ensure_writable_dir
@@ -27,6 +27,7 @@ from tinydit.flow.path import flow_loss, sample_t
 from tinydit.flow.shortcut import n_self_consistency, shortcut_loss
 from tinydit.models.checkpoint import load_checkpoint, unwrap
 from tinydit.models.dit import count_params
+from tinydit.records import recommended_sampling
 from tinydit.runtime import autocast, resolve_device, resolve_precision
 from tinydit.train import optim
 from tinydit.train.budget import Budget, Clock

@@ -1,0 +1,125 @@
+"""Command-line flags made from typed dataclass configs, and library errors told in those flags' names.
+
+``add_config_flags`` gives every field of a config one flag (``--batch-size`` for ``batch_size``), typed
+from its annotation, with its default and the comment beside it as help, so a new option is one edit:
+a field with a comment. Library errors name parameters in backticks (`steps`); ``as_flags`` puts the
+flag of the running command in their place (--steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import inspect
+import re
+import sys
+import warnings
+from dataclasses import MISSING, fields
+
+from tinydit.errors import TinyDiTError
+
+__all__ = ["field_comments", "add_config_flags", "parse_list", "Parser", "flags_of", "as_flags", "user_warnings"]
+
+
+def field_comments(cls: type) -> dict[str, str]:
+    """The comment of each dataclass field: the one on its line, after any comment lines just above it."""
+    comments, above = {}, []
+    for line in inspect.getsource(cls).splitlines():
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            above.append(stripped.lstrip("# "))
+            continue
+        m = re.match(r"(\w+): [^=]+=[^#]*(?:#\s*(.*))?$", stripped)
+        if m:
+            comments[m[1]] = " ".join([*above, m[2] or ""]).strip()
+        above = []
+    return comments
+
+
+def _on_off(text: str) -> bool:
+    if text not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"use on or off, got {text!r}")
+    return text == "on"
+
+
+def add_config_flags(p: argparse.ArgumentParser, cls: type, choices: dict, groups: dict) -> None:
+    """One flag per field of the dataclass ``cls``: ``--batch-size`` for ``batch_size``, typed from its
+    annotation, with its default, its comment as help and ``choices`` where given."""
+    comments = field_comments(cls)
+    group_of = {name: title for title, names in groups.items() for name in names}
+    made = {title: p.add_argument_group(title) for title in groups}
+    for f in fields(cls):
+        kind = (f.type.__name__ if isinstance(f.type, type) else str(f.type)).replace(" | None", "")
+        default = f.default if f.default is not MISSING else f.default_factory()
+        help_ = comments.get(f.name, "").replace("%", "%%")  # argparse formats help with %
+        kw: dict = {"dest": f.name, "default": default, "help": help_ or None}
+        if kind == "bool" and "None" not in str(f.type):  # a plain switch: --name, or --no-name where it is on
+            name = f.name.replace("_", "-")
+            kw.pop("default")
+            flag = f"--no-{name}" if default else f"--{name}"
+            kw.update(action="store_false" if default else "store_true", default=default)
+            (made[group_of[f.name]] if f.name in group_of else p).add_argument(flag, **kw)
+            continue
+        if kind == "bool":  # on, off, or None: the preset's choice
+            kw.update(type=_on_off, metavar="{on,off}")
+        elif kind.startswith("tuple["):
+            kw.update(type=float, nargs=2, metavar=("LO", "HI"))
+        else:
+            kw["type"] = {"int": int, "float": float, "str": str}[kind]
+        if f.name in choices:
+            kw["choices"] = list(choices[f.name])
+        (made[group_of[f.name]] if f.name in group_of else p).add_argument("--" + f.name.replace("_", "-"), **kw)
+
+
+def parse_list(text: str, kind: type, flag: str) -> list:
+    """'4,8,16' -> [4, 8, 16] of ``kind``; a clear error naming ``flag`` otherwise."""
+    items = [item.strip() for item in str(text).split(",") if item.strip()]
+    try:
+        values = [kind(item) for item in items]
+    except ValueError:
+        example = {int: "4,8,16", float: "1,2,3"}.get(kind, "euler,heun")
+        raise TinyDiTError(f"{flag} takes a comma-separated list such as {example}, got {text!r}") from None
+    if not values:
+        raise TinyDiTError(f"{flag} is empty; give at least one value")
+    return values
+
+
+# argparse takes "-1e-3" for a flag (its pattern for negative numbers has no exponent), so `--lr -1e-3`
+# would fail as "expected one argument" instead of reaching the library's check of the value.
+NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|nan)$", re.IGNORECASE)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, reading negative numbers in exponent form as values."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = NEGATIVE_NUMBER
+
+
+def flags_of(parser: argparse.ArgumentParser, command: str) -> dict[str, str]:
+    """Parameter name -> the flag that sets it in ``command`` (``cfg_scale`` -> ``--cfg`` in sample)."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    flags = {a.dest: a.option_strings[0] for a in sub._actions if a.option_strings and a.dest != "help"}
+    if "cfgs" in flags:  # sweep: --cfg holds a list of guidance scales, each checked as `cfg_scale`
+        flags["cfg_scale"] = flags["cfgs"]
+    return flags
+
+
+def as_flags(message: str, flags: dict[str, str]) -> str:
+    """A library message with each `param` replaced by its flag (or by its bare name where it has none)."""
+    return re.sub(r"`(\w+)`", lambda m: flags.get(m[1], m[1]), message)
+
+
+@contextlib.contextmanager
+def user_warnings(flags: dict[str, str]):
+    """Warnings as one line each, in the running command's flags, without source lines: they are meant
+    for users. The hooks are restored afterwards."""
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        print(f"tinydit: warning: {as_flags(str(message), flags)}", file=sys.stderr)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")
+        warnings.showwarning = show
+        yield
