@@ -8,7 +8,7 @@ It exports the run's EMA weights as a pretrained folder in bfloat16 into ``src/t
 measures it with ``tinydit eval`` (``--n`` samples, the recorded sampler settings; the card shows these
 numbers), and records a small check in its config.json: the strict shapes judge on ``--check-n`` samples
 drawn in fp32, which ``tests/test_reference.py`` draws again, so that the card, the weights and the code
-cannot drift apart. Shapes class models only, for now.
+cannot drift apart. Class models of shapes and Fashion-MNIST.
 """
 
 from __future__ import annotations
@@ -22,28 +22,37 @@ from tinydit import api
 from tinydit.models.pretrained import CONFIG, REFERENCE
 
 
-def check(folder: Path, n: int) -> dict:
-    """What tests/test_reference.py measures again: fp32 samples (seed 0) of the folder, scored."""
-    from tinydit.eval.shape_fit import strict_scores
+def check(folder: Path, n: int, steps: int | None = None) -> dict:
+    """What tests/test_reference.py measures again: fp32 samples (seed 0) of the folder with its recorded
+    sampler (``steps`` of it, if given: a cheaper check), scored without reference images
+    (``tinydit.eval.features.check_scores``)."""
+    from tinydit.eval.features import check_scores
     from tinydit.images import to_uint8
 
-    res = api.sample(folder, n, seed=0, precision="fp32", device="cpu")
-    scores = strict_scores(to_uint8(res.x), res.labels)
-    return {"n": n, "seed": 0, "precision": "fp32", "shape_strict": round(scores["strict"], 4),
-            "shape_colours": round(scores["colours"], 4)}  # fmt: skip
+    res = api.sample(folder, n, seed=0, precision="fp32", device="cpu", steps=steps)
+    data = json.loads((folder / CONFIG).read_text())["data"]["name"]
+    scores = check_scores(to_uint8(res.x), res.labels, data)
+    return {"n": n, "seed": 0, "precision": "fp32", "steps": steps, **{k: round(v, 4) for k, v in scores.items()}}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("name", help="the reference model's name (shapes, fashion-mnist, shapes-text)")
-    p.add_argument("checkpoint", help="the trained run's checkpoint.pt")
-    p.add_argument("--about", required=True, help="the command, seed, machine, torch version and date it was trained")
+    p.add_argument("checkpoint", nargs="?", help="the trained run's checkpoint.pt (not with --check-only)")
+    p.add_argument("--about", help="the command, seed, machine, torch version and date it was trained")
     p.add_argument("--n", type=int, default=1000, help="samples for the card's metrics")
     p.add_argument("--check-n", type=int, default=200, help="samples of the check the tests repeat")
+    p.add_argument("--check-steps", type=int, default=None,
+                   help="sampler steps of the check (default: the recorded settings' own)")
+    p.add_argument("--check-only", action="store_true", help="record the check again, keep the folder as it is")
     p.add_argument("--metrics", default=None, help="an evaluation of this export already made (metrics.json)")
     args = p.parse_args()
+    if not args.check_only and not (args.checkpoint and args.about):
+        p.error("give the run's checkpoint.pt and --about (or --check-only)")
     folder = REFERENCE / args.name
     with tempfile.TemporaryDirectory() as tmp:
+        if args.check_only:
+            return _record_check(folder, args.check_n, args.check_steps)
         staged = api.export(args.checkpoint, "safetensors", Path(tmp) / args.name, dtype="bfloat16")
         metrics = args.metrics
         if metrics is None:
@@ -51,8 +60,12 @@ def main() -> None:
                 f"tinydit eval --pretrained {args.name} --n {args.n} --seed 0 --out eval/{args.name}"))
             metrics = Path(tmp) / "eval" / "metrics.json"
         api.export(args.checkpoint, "safetensors", folder, dtype="bfloat16", metrics=metrics, about=args.about)
+    _record_check(folder, args.check_n, args.check_steps)
+
+
+def _record_check(folder: Path, n: int, steps: int | None) -> None:
     config = json.loads((folder / CONFIG).read_text())
-    config["check"] = check(folder, args.check_n)
+    config["check"] = check(folder, n, steps)
     (folder / CONFIG).write_text(json.dumps(config, indent=1) + "\n")
     print(json.dumps({"folder": str(folder), "check": config["check"]}))
 

@@ -8,7 +8,7 @@ import torch
 
 from tinydit import api
 from tinydit.cli import main
-from tinydit.eval.shape_fit import strict_scores
+from tinydit.eval.features import check_scores
 from tinydit.images import to_uint8
 from tinydit.models.pretrained import CARD, CONFIG, reference_folder, reference_models
 
@@ -21,17 +21,28 @@ def test_the_package_ships_the_shapes_reference_model():
     assert "shapes" in reference_models()
 
 
+# The headline metric each reference model's card must show, by data set.
+HEADLINE = {"shapes": "shape_strict", "fashion-mnist": "fid_fmnist_cnn"}
+
+
+def test_the_package_ships_the_fashion_mnist_reference_model():
+    assert "fashion-mnist" in reference_models()
+
+
 @pytest.mark.parametrize("name", reference_models())
 def test_a_reference_model_measures_what_its_card_says(name):
     folder = reference_folder(name)
     config = json.loads((folder / CONFIG).read_text())
-    check, metrics = config["check"], config["metrics"]
+    check, metrics, data = config["check"], config["metrics"], config["data"]["name"]
     card = (folder / CARD).read_text()
-    assert f"| shape_strict | {metrics['shape_strict']:.4g} |" in card and config["about"] in card
-    res = api.sample(folder, check["n"], seed=check["seed"], precision=check["precision"], device="cpu")
-    scores = strict_scores(to_uint8(res.x), res.labels)
-    assert abs(scores["strict"] - check["shape_strict"]) <= TOLERANCE, (scores, check)
-    assert abs(scores["colours"] - check["shape_colours"]) <= TOLERANCE, (scores, check)
+    assert f"| {HEADLINE[data]} | {metrics[HEADLINE[data]]:.4g} |" in card and config["about"] in card
+    res = api.sample(folder, check["n"], seed=check["seed"], precision=check["precision"], device="cpu",
+                     steps=check.get("steps"))  # fmt: skip
+    scores = check_scores(to_uint8(res.x), res.labels, data)
+    expected = {k: v for k, v in check.items() if k not in ("n", "seed", "precision", "steps")}
+    assert expected and expected.keys() == scores.keys(), (expected, scores)
+    for key, value in expected.items():
+        assert abs(scores[key] - value) <= TOLERANCE, (key, scores, check)
 
 
 def test_sample_pretrained_draws_without_training_and_an_unknown_name_is_exit_2(tmp_path, capsys):
@@ -40,7 +51,7 @@ def test_sample_pretrained_draws_without_training_and_an_unknown_name_is_exit_2(
     assert out.is_file()
     assert main(["sample", "--pretrained", "cifar-giant", "--n", "4", "--out", str(tmp_path / "t.png")]) == 2
     err = capsys.readouterr().err
-    assert "unknown --pretrained model 'cifar-giant': this tinydit ships shapes" in err
+    assert "unknown --pretrained model 'cifar-giant': this tinydit ships fashion-mnist, shapes" in err
     assert not (tmp_path / "t.png").exists()
     model = api.from_pretrained(reference_folder("shapes"))
     assert not model.training and next(model.parameters()).dtype == torch.float32  # bf16 weights, loaded as fp32
