@@ -241,10 +241,10 @@ def test_sampling_split_over_ranks_gives_the_images_of_one_process(runs, tmp_pat
     assert log.count("wrote 13 samples") == 1  # rank 0 alone writes and prints
 
 
-def test_evaluation_split_over_ranks_scores_what_one_process_scores(runs, tmp_path):
+def test_evaluation_split_over_ranks_scores_what_one_process_scores(runs, tmp_path, eval_cache):
     root, _ = runs
     args = ["eval", "--checkpoint", root / "one" / "checkpoint.pt", "--n", 24, "--steps", 2, "--sampler", "euler",
-            "--cache-dir", tmp_path / "cache"]  # fmt: skip
+            "--cache-dir", eval_cache]  # fmt: skip
     _run([sys.executable, "-m", "tinydit", *map(str, args), "--out", str(tmp_path / "one")])
     log = _run(_torchrun(2, *args, "--out", tmp_path / "two"))
     one, two = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("one", "two"))

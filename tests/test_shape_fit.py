@@ -138,3 +138,24 @@ def test_on_palette_fails_mixed_colours():
     mixed = ((good.astype(np.float32) + paint(alpha, "green", "blue")) / 2).astype(np.uint8)  # a red-green shape
     assert on_palette(np.stack([good, mixed])).tolist() == [True, False]
     assert MIN_IOU == 0.8
+
+
+def test_the_template_bank_holds_shape_masks_renders():
+    """The bank reads every centre's coverage from one fine render per kind and size: the same pixels as
+    rendering each template with ``shape_mask``, checked on a spread of kinds, sizes and centres."""
+    from tinydit.data.shapes import SHAPES, shape_mask
+    from tinydit.eval import shape_fit
+
+    bank, areas, kinds = shape_fit._template_bank()
+    offsets = np.arange(-shape_fit.CENTRE_SEARCH_PX, shape_fit.CENTRE_SEARCH_PX + 0.51, 0.5)
+    per_size, canvas = len(offsets) ** 2, shape_fit._CANVAS
+    assert bank.shape == (len(SHAPES) * len(shape_fit.SIZES_PX) * per_size, canvas * canvas)
+    rng = np.random.default_rng(0)
+    for index in rng.choice(len(bank), 60, replace=False):
+        kind, rest = divmod(index, len(shape_fit.SIZES_PX) * per_size)
+        size, centre = divmod(rest, per_size)
+        iy, ix = divmod(centre, len(offsets))
+        want = shape_mask(kind, np.array([shape_fit.SIZES_PX[size]]), np.array([canvas / 2 + offsets[ix]]),
+                          np.array([canvas / 2 + offsets[iy]]), canvas)[0]  # fmt: skip
+        assert np.array_equal(bank[index].reshape(canvas, canvas), want), (SHAPES[kind], size, iy, ix)
+        assert kinds[index] == kind and areas[index] == want.sum()

@@ -40,7 +40,6 @@ import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Subset
-from torchvision.transforms import v2
 
 from tinydit.config import BUILTIN_DATASETS, canonical_name
 from tinydit.data.cache import CachedDataset
@@ -76,8 +75,10 @@ IMG_EXTS = {".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 
 
-def make_transform(img_size: int = 32, train: bool = True) -> v2.Compose:
+def make_transform(img_size: int = 32, train: bool = True):  # -> torchvision.transforms.v2.Compose
     """PIL image -> float tensor (3, img_size, img_size) in [-1, 1]; a random flip when training."""
+    from torchvision.transforms import v2  # imported here: torchvision costs seconds at start-up
+
     steps = [
         v2.ToImage(),  # PIL -> uint8 tensor (C, H, W)
         v2.Resize(img_size, antialias=True),  # short side -> img_size

@@ -14,10 +14,13 @@ import io
 import json
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from matplotlib.figure import Figure
 from PIL import Image
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 from tinydit.errors import TinyDiTError
 from tinydit.files import read_lines, write_text
@@ -53,6 +56,8 @@ def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
 
 
 def _loss_plot(records: list[dict]) -> str | None:
+    from matplotlib.figure import Figure  # here: matplotlib costs a second at start-up
+
     fig = Figure(figsize=(8, 4), dpi=DPI, layout="constrained")
     ax = fig.add_subplot()
     drawn, spread = False, 1.0
@@ -78,6 +83,8 @@ def _loss_by_t_plot(records: list[dict]) -> str | None:
         return None
     if len(rows) > 8:
         rows = [rows[round(i * (len(rows) - 1) / 7)] for i in range(8)]
+    from matplotlib.figure import Figure  # here: matplotlib costs a second at start-up
+
     fig = Figure(figsize=(8, 4), dpi=DPI, layout="constrained")
     ax = fig.add_subplot()
     for i, r in enumerate(rows):
@@ -100,6 +107,8 @@ def _eval_plot(records: list[dict], best_metric: str | None) -> str | None:
         return None
     cols = min(3, len(keys))
     rows = math.ceil(len(keys) / cols)
+    from matplotlib.figure import Figure  # here: matplotlib costs a second at start-up
+
     fig = Figure(figsize=(4 * cols, 3 * rows), dpi=DPI, layout="constrained")
     for i, key in enumerate(keys):
         ax = fig.add_subplot(rows, cols, i + 1)
@@ -125,6 +134,8 @@ def _final_grid(path: Path, columns: list[str] | None, rows: list[str] | None, t
     scale = max(1, min(4, 720 // grid.shape[0]))  # at most 720 px tall, every pixel a square of `scale`
     height, width = grid.shape[0] * scale / DPI, grid.shape[1] * scale / DPI
     extra_w = 3.5 if rows else 0.0
+    from matplotlib.figure import Figure  # here: matplotlib costs a second at start-up
+
     fig = Figure(figsize=(width + extra_w, height + 0.6), dpi=DPI, layout="constrained")
     ax = fig.add_subplot()
     ax.imshow(grid, interpolation="nearest")

@@ -28,7 +28,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from tinydit.data.shapes import _PALETTE, SHAPES, shape_mask
+from tinydit.data.shapes import _PALETTE, SHAPES, shape_coverage
 from tinydit.images import to_uint8
 
 __all__ = ["FG_DISTANCE", "MIN_IOU", "MIN_ONE_COLOUR", "COLOUR_TOL", "ShapeFit", "foreground", "one_colour",
@@ -40,6 +40,7 @@ MIN_ONE_COLOUR = 0.9  # share of the interior within COLOUR_TOL of its median co
 COLOUR_TOL = 80.0  # RGB distance: noise of std 25/255 exceeds it in about 1% of pixels; palette colours are 190+ apart
 SIZES_PX = np.arange(8.0, 28.01, 0.5)  # the data's sizes (12-23 px) with room on both sides
 CENTRE_SEARCH_PX = 2.5  # search radius around the box centre, half-pixel steps
+SUPERSAMPLE = 4  # shape_mask's samples per pixel side
 _CANVAS = 48  # the foreground is pasted here with its box centre near _CANVAS / 2
 _PALETTE_TOL = 40.0  # a colour is "on the palette" within this RGB distance of a palette colour
 
@@ -113,15 +114,27 @@ def _template_bank(canvas: int = _CANVAS) -> tuple[np.ndarray, np.ndarray, np.nd
     """Every template on the canvas: masks (K, canvas * canvas) float32, their areas (K,) and kinds (K,).
 
     Centres lie at canvas / 2 + offsets in [-CENTRE_SEARCH_PX, CENTRE_SEARCH_PX + 0.5] (the extra half
-    pixel takes box centres that fall between pixels), in half-pixel steps."""
+    pixel takes box centres that fall between pixels), in half-pixel steps, cy major. A template is
+    ``shape_mask``'s render (its pixels at least half covered on a 4 x 4 sample grid): a half-pixel move of
+    the centre moves the samples by two, so each kind and size is sampled once, at 4x the resolution and
+    with a margin, and every centre's coverage is read from sums over 2 x 2 sample blocks of that one image
+    (the same numbers as rendering each centre: the sample positions are the same exact binary fractions)."""
     offsets = np.arange(-CENTRE_SEARCH_PX, CENTRE_SEARCH_PX + 0.51, 0.5)
+    k = np.rint(2 * offsets).astype(int)  # each offset in samples of the 4x grid, halved: (O,)
+    pad = 2 * int(np.abs(k).max())  # the margin, in samples, that the furthest centre needs
+    side = SUPERSAMPLE * canvas + 2 * pad
+    rows = (2 * np.arange(canvas))[None, :] - k[:, None] + pad // 2  # (O, canvas) block row of each pixel
     masks, kinds = [], []
     for kind in range(len(SHAPES)):
         for size in SIZES_PX:
-            cy, cx = np.meshgrid(canvas / 2 + offsets, canvas / 2 + offsets, indexing="ij")
-            m = shape_mask(kind, np.full(cx.size, size), cx.ravel(), cy.ravel(), canvas)  # (B, canvas, canvas)
-            masks.append(m.reshape(len(m), -1))
-            kinds.append(np.full(len(m), kind))
+            centre = SUPERSAMPLE * canvas / 2 + pad  # the canvas centre on the fine grid, margin included
+            fine = shape_coverage(kind, np.array([SUPERSAMPLE * size]), np.array([centre]), np.array([centre]),
+                                  side, supersample=1)[0]  # (side, side) 0/1: one sample per fine pixel
+            pairs = fine.reshape(side // 2, 2, side // 2, 2).sum((1, 3))  # 2 x 2 sample blocks
+            quads = pairs[:-1, :-1] + pairs[1:, :-1] + pairs[:-1, 1:] + pairs[1:, 1:]  # 4 x 4 samples from each
+            cover = quads[rows[:, None, :, None], rows[None, :, None, :]]  # (O, O, canvas, canvas) cy, cx major
+            masks.append((cover >= SUPERSAMPLE**2 / 2).reshape(len(k) ** 2, -1))
+            kinds.append(np.full(len(k) ** 2, kind))
     bank = np.concatenate(masks).astype(np.float32)  # (K, P)
     return bank, bank.sum(1), np.concatenate(kinds)
 

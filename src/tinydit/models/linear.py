@@ -136,8 +136,14 @@ def _backward(ctx, grad: torch.Tensor):
 _onednn_linear_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-@torch.compiler.disable  # timing code: never traced, even when a model is compiled before anything probed
 def _probe(rounds: int = 5) -> bool:
+    """``_time_kernels`` never traced, even when a model is compiled before anything probed (disabled here,
+    at the first probe, and not at import: ``torch.compiler.disable`` imports TorchDynamo, seconds of start-up
+    that a process which never probes should not pay)."""
+    return torch.compiler.disable(_time_kernels)(rounds)
+
+
+def _time_kernels(rounds: int) -> bool:
     """True if oneDNN ran an fp32 (4096 x 256) @ (256 x 256) product at least PROBE_SPEEDUP times faster
     than BLAS on this CPU (fastest of ``rounds`` timings each, taken in turns after a warm-up)."""
     if not torch.backends.mkldnn.is_available():
