@@ -245,7 +245,7 @@ def test_losses_are_logged_per_bin_of_t(tmp_path):
 
 
 def test_a_run_continues_with_its_own_architecture_after_its_preset_changes(tmp_path, monkeypatch):
-    from tinydit.models import dit as model_module
+    from tinydit.models import dit_config as model_module  # where the presets live
 
     Trainer(fast_config(tmp_path, steps=1), progress=False).fit()
     changed = {**model_module.PRESETS, "dit-0.2m": {**model_module.PRESETS["dit-0.2m"], "mlp": "swiglu"}}
