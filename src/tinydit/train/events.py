@@ -153,7 +153,7 @@ class Events:
         records) into metrics.jsonl and keep the best as best.pt; returns the seconds it took."""
         tr = self.trainer
         t0 = Clock.now()
-        metric, lower = best_metric(tr.cfg, tr.data.name, tr.text)
+        metric, lower = tr.best_metric  # chosen once, when the run was set up
         sampler, steps, cfg_scale, options = split_sampling(tr.sampling)
         state = {"data": {"name": tr.data.name, "classes": tr.data.train_set.classes},
                  "train_config": tr.cfg.to_dict(), "tokenizer": tr.data.tokenizer.to_dict() if tr.text else None}

@@ -110,8 +110,8 @@ class Trainer:
         # (`tinydit sweep --apply` may have written it), a new one takes the measured best for its setup.
         recorded = state.get("sampling") if state is not None else None
         self.sampling = recorded or recommended_sampling(self.data.name, self.preset, cfg.cond, cfg.few_step)
-        if cfg.eval_every:
-            best_metric(cfg, self.data.name, self.text)  # unsupported data fails now, not at the first evaluation
+        # (the metric best.pt is kept by, lower is better): unsupported data fails now, not at the first evaluation
+        self.best_metric = best_metric(cfg, self.data.name, self.text) if cfg.eval_every else None
         teacher_state = self.teacher.state if self.teacher is not None else None
         self.model_config = model_config_for(cfg, self.data.model_fields(), state, teacher_state)
         # A checkpoint from before the fused AdamW continues unfused: exact, and fp16's scaler keeps the unfused step.
