@@ -131,6 +131,7 @@ def test_sigterm_on_one_rank_stops_both_at_one_step_with_a_checkpoint(runs, tmp_
     out = tmp_path / "run"
     proc = subprocess.Popen(_torchrun(2, "train", *FLAGS, "--steps", 100000, "--out", out), env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    workers = []
     try:
         metrics = out / "metrics.jsonl"
         deadline = time.time() + 120
@@ -139,9 +140,9 @@ def test_sigterm_on_one_rank_stops_both_at_one_step_with_a_checkpoint(runs, tmp_
         workers = _workers(proc.pid)
         assert len(workers) == 2, workers
         os.kill(workers[-1], signal.SIGTERM)  # one rank only: as a scheduler preempting one node would
-        output, _ = proc.communicate(timeout=60)
+        output, _ = proc.communicate(timeout=180)
     finally:
-        proc.kill()
+        _kill_job(proc, workers)
     assert proc.returncode != 0
     assert "SIGTERM: stopping after this step" in output
     assert "interrupted at step" in output
@@ -152,6 +153,18 @@ def test_sigterm_on_one_rank_stops_both_at_one_step_with_a_checkpoint(runs, tmp_
     if step <= 12:
         _train(out, 12, 2)
         assert _equal(_state(out)["model"], _state(root / "two")["model"])
+
+
+def _kill_job(proc: subprocess.Popen, workers: list[int]) -> None:
+    """Kill torchrun and its workers (those found before, which torchrun's exit may have orphaned, and
+    those alive now): a worker left behind by a failed test would go on training and slow every test
+    after it."""
+    for pid in {*workers, *_workers(proc.pid), proc.pid}:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
 
 
 def _workers(parent: int) -> list[int]:
@@ -176,6 +189,7 @@ def test_a_killed_rank_ends_the_others_within_seconds(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.Popen(_torchrun(2, "train", *FLAGS, "--steps", 100000, "--out", out, "--ckpt-every", 5),
                             env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    workers = []
     try:
         deadline = time.time() + 120
         while not (out / "checkpoint.pt").exists() and time.time() < deadline:
@@ -186,11 +200,12 @@ def test_a_killed_rank_ends_the_others_within_seconds(tmp_path):
         os.kill(workers[1], signal.SIGKILL)  # rank 1 dies without a word
         output, _ = proc.communicate(timeout=60)
         took = time.time() - killed
+        survivors = [pid for pid in workers if _alive(pid)]  # read before the clean-up below kills them
     finally:
-        proc.kill()
+        _kill_job(proc, workers)
     assert proc.returncode != 0
     assert took < 15, took
-    assert not any(Path(f"/proc/{pid}").exists() and _alive(pid) for pid in workers)
+    assert not survivors, survivors
     assert "Signal 9" in output or "SIGKILL" in output  # torchrun names the rank that died and how
     assert _state(out)["step"] >= 5  # the last checkpoint is whole
 
