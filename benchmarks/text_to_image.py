@@ -35,7 +35,8 @@ from pathlib import Path
 
 from bench_train import Workload, header, race
 
-from tinydit.config import SHAPES_HOLDOUT, TrainConfig
+from tinydit.config import TrainConfig
+from tinydit.train.resolve import SHAPES_HOLDOUT
 from tinydit.data.text import parse_phrases, tokenizer_of
 from tinydit.eval.adherence import GROUPS, confusion_table, markdown_table, measure
 from tinydit.models.checkpoint import load_model

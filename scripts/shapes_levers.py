@@ -135,7 +135,7 @@ def main() -> None:
 
         fields = {k: parse_value(v) for k, v in (a.split("=", 1) for a in args.set)}
         if args.model_set:
-            from tinydit.config import MODEL_PRESETS
+            from tinydit.models.presets import MODEL_PRESETS
 
             base = MODEL_PRESETS["dit"][fields.get("preset", "dit-1.3m")]
             over = {k: parse_value(v) for k, v in (a.split("=", 1) for a in args.model_set)}

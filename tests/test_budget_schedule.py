@@ -14,7 +14,8 @@ from conftest import fast_config
 
 import tinydit.train.budget as budget_module
 import tinydit.train.trainer as trainer_module
-from tinydit.config import BUDGET_COOLDOWN_FRAC, PLAN_AT
+from tinydit.train.budget import PLAN_AT
+from tinydit.train.resolve import BUDGET_COOLDOWN_FRAC, resolve
 from tinydit.errors import TinyDiTError
 from tinydit.models.checkpoint import load_checkpoint
 from tinydit.train import Trainer
@@ -98,9 +99,9 @@ def test_cooldown_frac_is_checked():
 
 
 def test_a_time_budget_cools_down_by_default_and_an_earlier_run_continues_under_it(tmp_path, clock):
-    assert fast_config("x", steps=None, minutes=1.0).cooldown_frac == BUDGET_COOLDOWN_FRAC
-    assert fast_config("x", steps=10).cooldown_frac == 0.0  # a `steps` run: `cooldown` says
-    assert fast_config("x", steps=100, minutes=1.0, cooldown=10).cooldown_frac == 0.0
+    assert resolve(fast_config("x", steps=None, minutes=1.0)).cooldown_frac == BUDGET_COOLDOWN_FRAC
+    assert resolve(fast_config("x", steps=10)).cooldown_frac == 0.0  # a `steps` run: `cooldown` says
+    assert resolve(fast_config("x", steps=100, minutes=1.0, cooldown=10)).cooldown_frac == 0.0
     # A run made without a cool-down (as before the default) and stopped before any plan continues under it:
     # nothing it computed depended on the share
     off = {**KW, "cooldown_frac": 0.0, "minutes": 0.005}

@@ -6,6 +6,7 @@ from conftest import fast_config
 
 from tinydit.cli import main
 from tinydit.config import TrainConfig
+from tinydit.train.resolve import resolve
 from tinydit.errors import TinyDiTError
 from tinydit.flow.distill import KNOTS, STUDENT_STEPS, distill_loss, distill_losses_by_steps, init_student
 from tinydit.flow.samplers import sample, sample_path
@@ -82,7 +83,7 @@ def test_distill_settings_are_checked_before_any_work(tmp_path, teacher):
     with pytest.raises(TinyDiTError, match="`teacher`"):
         TrainConfig(few_step="distill")
     with pytest.raises(TinyDiTError, match="multiple of 8"):
-        TrainConfig(few_step="distill", teacher=str(teacher), teacher_steps=12)
+        resolve(TrainConfig(few_step="distill", teacher=str(teacher), teacher_steps=12))
     with pytest.raises(TinyDiTError, match="only used with `few_step` distill"):
         TrainConfig(teacher=str(teacher))
     with pytest.raises(TinyDiTError, match="copies the teacher's architecture"):

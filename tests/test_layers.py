@@ -8,18 +8,21 @@ import pytest
 
 PACKAGE = Path(__file__).parent.parent / "src" / "tinydit"
 # the vocabulary every layer shares
-LEAVES = {"errors", "config", "runtime", "files", "images", "tokens", "progress", "distributed", "version", "flags",
-          "records"}
+LEAVES = {"errors", "config", "runtime", "files", "images", "tokens", "progress", "distributed", "version", "flags"}
+# The ground floor: the configuration and the runtime import only these of the package (never models, flow,
+# data, train or eval, nor the other leaves).
+GROUND = {"tinydit.errors": set(), "tinydit.runtime": {"tinydit.errors"},
+          "tinydit.config": {"tinydit.errors", "tinydit.runtime", "tinydit.tokens"}}
 # What each layer may import (besides itself). The package root holds the version and get_device from the
 # leaves, and tinydit.from_pretrained, which calls the api's on first use.
 ALLOWED = {
     "leaf": {"leaf"},
     "models": {"leaf"},
     "data": {"leaf"},
-    "flow": {"leaf", "models"},
+    "flow": {"leaf", "models", "data"},  # the sampling records are keyed by data set
     "train": {"leaf", "models", "data", "flow", "eval"},  # it scores its samples and writes its report
     "eval": {"leaf", "models", "data", "flow"},
-    "export": {"leaf", "models", "data"},
+    "export": {"leaf", "models", "data", "flow"},  # an export carries the sampler settings its checkpoint records
     "api": {"leaf", "models", "data", "flow", "train", "eval", "export"},
     "cli": {"leaf", "api"},
     "main": {"cli"},
@@ -71,6 +74,8 @@ def forbidden_edges(graph: dict[str, set[str]]) -> list[str]:
             here, there = layer(m), layer(dep)
             if there != here and there != "root" and there not in ALLOWED[here]:
                 bad.append(f"{m} -> {dep} ({here} may not import {there})")
+            if m in GROUND and dep not in GROUND[m]:
+                bad.append(f"{m} -> {dep} (the ground floor imports only {', '.join(sorted(GROUND[m])) or 'nothing'})")
     return sorted(bad)
 
 
@@ -119,7 +124,10 @@ def test_nothing_but_the_entry_point_imports_the_cli():
     ("tinydit.flow.samplers", "from tinydit.train.optim import adamw"),  # flow never imports train
     ("tinydit.eval.metrics", "from tinydit.train import Trainer"),  # eval never imports train
     ("tinydit.config", "from tinydit.models.registry import MODEL_TYPES"),  # config is a leaf
+    ("tinydit.config", "from tinydit.models.presets import MODEL_PRESETS"),  # the presets are the models'
+    ("tinydit.config", "from tinydit.images import to_uint8"),  # config is on the ground floor
     ("tinydit.runtime", "from tinydit.models.linear import onednn_is_faster"),  # and so is runtime
+    ("tinydit.runtime", "from tinydit.tokens import parse_phrases"),  # runtime imports errors only
     ("tinydit.train.trainer", "from tinydit.cli import main"),  # nothing imports the CLI
 ])  # fmt: skip
 def test_a_forbidden_import_is_caught(module, line):

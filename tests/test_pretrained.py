@@ -12,7 +12,8 @@ import tinydit
 from tinydit import api
 from tinydit.cli import main
 from tinydit.errors import TinyDiTError
-from tinydit.models.checkpoint import load_model, recorded_sampling
+from tinydit.flow.records import recorded_sampling
+from tinydit.models.checkpoint import load_model
 from tinydit.models.pretrained import CARD, CONFIG, WEIGHTS
 
 FIXTURES = Path(__file__).parent / "fixtures"

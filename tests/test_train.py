@@ -319,42 +319,67 @@ def test_a_class_filter_trains_on_those_classes_relabelled_in_the_order_given(tm
 def test_batch_size_defaults_by_data_and_is_written_down(tmp_path):
     """None resolves per data set (DEFAULT_BATCH_SIZES: 64 on shapes, else 128); a given batch stays, and the
     resolved one is what config.json records, so a continuation compares like with like."""
-    from tinydit.config import DEFAULT_BATCH_SIZES, TrainConfig
+    from tinydit.config import TrainConfig
+    from tinydit.train.resolve import DEFAULT_BATCH_SIZES, resolve
 
     assert DEFAULT_BATCH_SIZES["shapes"] == 64
-    assert TrainConfig().batch_size == TrainConfig(data="shapes", model="mmdit").batch_size == 64
-    assert TrainConfig(data="fashion-mnist").batch_size == TrainConfig(data="cifar10").batch_size == 128
-    assert TrainConfig(data=str(tmp_path)).batch_size == 128  # an image folder
-    assert TrainConfig(batch_size=32).batch_size == 32
-    assert TrainConfig.from_dict(TrainConfig().to_dict()).batch_size == 64
+    assert resolve(TrainConfig()).batch_size == resolve(TrainConfig(data="shapes", model="mmdit")).batch_size == 64
+    assert resolve(TrainConfig(data="fashion-mnist")).batch_size == resolve(TrainConfig(data="cifar10")).batch_size == 128
+    assert resolve(TrainConfig(data=str(tmp_path))).batch_size == 128  # an image folder
+    assert resolve(TrainConfig(batch_size=32)).batch_size == 32
+    assert TrainConfig.from_dict(resolve(TrainConfig()).to_dict()).batch_size == 64
     with pytest.raises(TinyDiTError, match="batch_size must be >= 1"):
         TrainConfig(batch_size=0)
+
+
+def test_resolving_fills_a_new_config_and_a_resolved_one_resolves_to_itself():
+    """The config as given is never rewritten (its None defaults stay None); the resolved one is complete,
+    and resolving it again (a continued run's stored config) changes nothing."""
+    from tinydit.config import TrainConfig
+    from tinydit.train.resolve import resolve
+
+    given = TrainConfig(data="fmnist", minutes=2)
+    resolved = resolve(given)
+    assert given == TrainConfig(data="fmnist", minutes=2) and given.preset is None and given.lr is None
+    assert None not in (resolved.preset, resolved.cond, resolved.batch_size, resolved.lr, resolved.t_sampling,
+                        resolved.t_shift, resolved.cooldown_frac)  # fmt: skip
+    assert resolved.cooldown_frac == 0.2 and resolved.steps is None and resolved.t_sampling == "uniform"
+    assert resolve(resolved) == resolved == resolve(TrainConfig.from_dict(resolved.to_dict()))
+    assert resolve(TrainConfig()).steps == 2000
 
 
 def test_preset_defaults_by_model_data_and_conditioning():
     """None resolves through DEFAULT_DATA_PRESETS (shapes class runs: dit-1.4m), else the model's default;
     a named preset always wins, and the resolved name is what the run's config records."""
-    from tinydit.config import DEFAULT_DATA_PRESETS, TrainConfig
+    from tinydit.config import TrainConfig
+    from tinydit.models.presets import DEFAULT_DATA_PRESETS
+    from tinydit.train.resolve import resolve
+
+    def preset(**kw):
+        return resolve(TrainConfig(**kw)).preset
 
     assert DEFAULT_DATA_PRESETS == {("dit", "shapes", "class"): "dit-1.4m"}
-    assert TrainConfig().preset == TrainConfig(data="Shapes").preset == "dit-1.4m"
-    assert TrainConfig(data="fashion-mnist").preset == TrainConfig(data="shapes", cond="text").preset == "dit-1.9m"
-    assert TrainConfig(data="shapes", model="mmdit").preset == "mmdit-2.3m"
-    assert TrainConfig(preset="dit-1.9m").preset == "dit-1.9m"
-    assert TrainConfig.from_dict(TrainConfig().to_dict()).preset == "dit-1.4m"
+    assert preset() == preset(data="Shapes") == "dit-1.4m"
+    assert preset(data="fashion-mnist") == preset(data="shapes", cond="text") == "dit-1.9m"
+    assert preset(data="shapes", model="mmdit") == "mmdit-2.3m"
+    assert preset(preset="dit-1.9m") == "dit-1.9m"
+    assert TrainConfig.from_dict(resolve(TrainConfig()).to_dict()).preset == "dit-1.4m"
     with pytest.raises(TinyDiTError, match="takes `cond` text"):  # the conditioning is checked before the lookup
-        TrainConfig(model="mmdit", cond="class")
+        resolve(TrainConfig(model="mmdit", cond="class"))
+    with pytest.raises(TinyDiTError, match="unknown preset 'dit-9m' for `model` dit: use one of dit-0.2m"):
+        resolve(TrainConfig(preset="dit-9m"))
 
 
 def test_learning_rate_defaults_by_data_and_is_written_down(tmp_path):
     """None resolves per data set (DEFAULT_LRS: 2e-3 on shapes, else 1e-3); a given rate stays and is checked."""
-    from tinydit.config import DEFAULT_LRS, TrainConfig
+    from tinydit.config import TrainConfig
+    from tinydit.train.resolve import DEFAULT_LRS, resolve
 
     assert DEFAULT_LRS == {"shapes": 2e-3}
-    assert TrainConfig().lr == TrainConfig(data="shapes", model="mmdit").lr == 2e-3
-    assert TrainConfig(data="fashion-mnist").lr == TrainConfig(data=str(tmp_path)).lr == 1e-3
-    assert TrainConfig(lr=5e-4).lr == 5e-4
-    assert TrainConfig.from_dict(TrainConfig(data="fmnist").to_dict()).lr == 1e-3
+    assert resolve(TrainConfig()).lr == resolve(TrainConfig(data="shapes", model="mmdit")).lr == 2e-3
+    assert resolve(TrainConfig(data="fashion-mnist")).lr == resolve(TrainConfig(data=str(tmp_path))).lr == 1e-3
+    assert resolve(TrainConfig(lr=5e-4)).lr == 5e-4
+    assert TrainConfig.from_dict(resolve(TrainConfig(data="fmnist")).to_dict()).lr == 1e-3
     trainer = Trainer(fast_config(tmp_path, steps=1, warmup=1), progress=False)
     assert trainer.run.opt.param_groups[0]["lr"] == 2e-3  # the optimizer gets the resolved rate
     with pytest.raises(TinyDiTError, match="`lr` must be > 0"):

@@ -8,7 +8,8 @@ import torch
 from conftest import fast_config
 from PIL import Image
 
-from tinydit.config import NOISEWARD_SHIFT, SHAPES_HOLDOUT, TrainConfig
+from tinydit.config import TrainConfig
+from tinydit.train.resolve import NOISEWARD_SHIFT, SHAPES_HOLDOUT, resolve
 from tinydit.data.text import BOS, PAD, holds_phrase, tokenizer_of
 from tinydit.errors import TinyDiTError
 from tinydit.models.checkpoint import load_checkpoint, load_model
@@ -101,7 +102,7 @@ def test_dropped_captions_become_the_empty_caption(tmp_path):
 ])  # fmt: skip
 def test_config_errors_name_the_fix(kwargs, match):
     with pytest.raises(TinyDiTError, match=match):
-        TrainConfig(**kwargs)
+        resolve(TrainConfig(**kwargs))
 
 
 def test_continuing_a_class_run_as_a_text_run_is_refused(tmp_path):
@@ -118,7 +119,7 @@ def test_a_holdout_that_matches_nothing_warns(tmp_path):
 def test_training_times_default_by_conditioning_and_data():
     """Text runs: logit-normal; class runs on RGB data (x-prediction): logit-normal shifted towards noise;
     Fashion-MNIST class runs (v-prediction): uniform. An explicit choice stays."""
-    times = lambda **kw: (TrainConfig(**kw).t_sampling, TrainConfig(**kw).t_shift)  # noqa: E731
+    times = lambda **kw: (resolve(TrainConfig(**kw)).t_sampling, resolve(TrainConfig(**kw)).t_shift)  # noqa: E731
     assert times(model="mmdit") == times(model="dit", cond="text") == ("logit-normal", 1.0)
     assert times() == times(data="cifar10") == ("logit-normal", NOISEWARD_SHIFT)  # shapes is the default data
     assert times(data="fashion-mnist") == ("uniform", 1.0)

@@ -27,7 +27,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from tinydit import distributed
-from tinydit.config import DEFAULT_DATA_PRESETS, MODEL_PRESETS, TrainConfig, check_sampler_args, check_seed
+from tinydit.config import TrainConfig, check_seed
 from tinydit.data.datasets import load_dataset
 from tinydit.data.samples import check_output, write_samples
 from tinydit.data.text import tokenizer_of
@@ -41,18 +41,21 @@ from tinydit.export import export as export_model
 from tinydit.files import RunDirLock, ensure_writable_dir
 from tinydit.flow.distill import warn_if_untrained_settings
 from tinydit.flow.generate import class_cycle, generate
+from tinydit.flow.grids import GRID_NAMES
+from tinydit.flow.records import SAMPLING_DEFAULT, SAMPLING_KEYS, recorded_sampling, split_sampling
+from tinydit.flow.samplers import SAMPLER_NAMES, check_sampler_args
 from tinydit.models import checkpoint as checkpoints
 from tinydit.models.dit import DiTConfig, count_params
+from tinydit.models.presets import DEFAULT_DATA_PRESETS, MODEL_PRESETS
 from tinydit.models.pretrained import reference_folder
 from tinydit.models.registry import MODEL_TYPES, build_model, preset_config
-from tinydit.records import SAMPLING_DEFAULT, SAMPLING_KEYS, split_sampling
 from tinydit.runtime import autocast, maybe_compile, resolve_compile, resolve_device, resolve_precision
 from tinydit.train import Trainer, TrainResult
 from tinydit.train.checkpoint import save_checkpoint
+from tinydit.train.resolve import CHOICES as TRAIN_CHOICES
 
 __all__ = ["train", "sample", "Samples", "evaluate", "sweep", "presets", "report", "export", "load_model",
-           "resolve_labels",
-           "resolve_prompts"]  # fmt: skip
+           "resolve_labels", "resolve_prompts", "TRAIN_CHOICES", "SAMPLER_NAMES", "GRID_NAMES"]  # fmt: skip
 
 
 def train(config: TrainConfig, dataset: Dataset | None = None, val_dataset: Dataset | None = None, *,
@@ -87,9 +90,9 @@ class Samples:
 
 def resolve_sampling(state: dict, **given) -> tuple[dict, str]:
     """The settings to sample a checkpoint with: each one given (not None) wins, the rest come from the
-    checkpoint's record (``tinydit.models.checkpoint.recorded_sampling``). Returns them and a line saying which
+    checkpoint's record (``tinydit.flow.records.recorded_sampling``). Returns them and a line saying which
     and why."""
-    record = checkpoints.recorded_sampling(state)
+    record = recorded_sampling(state)
     given = {k: v for k, v in given.items() if v is not None}
     settings = {k: given.get(k, record.get(k)) for k in SAMPLING_KEYS}
     if "sampler" in given and given["sampler"] != record.get("sampler"):

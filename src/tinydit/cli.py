@@ -52,7 +52,7 @@ TRAIN_GROUPS = {
 def _add_train(sub) -> None:
     p = sub.add_parser("train", help="train a DiT or an MMDiT (re-running the same command continues the run)",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_config_flags(p, TrainConfig, config.CHOICES, TRAIN_GROUPS)
+    add_config_flags(p, TrainConfig, api.TRAIN_CHOICES, TRAIN_GROUPS)
     group = p.add_mutually_exclusive_group()
     group.add_argument("--resume", action="store_true", help="insist on continuing RUN_DIR/checkpoint.pt")
     group.add_argument("--overwrite", action="store_true", help="start afresh even if RUN_DIR holds a run")
@@ -77,11 +77,11 @@ FLAGS: dict[str, tuple[str, dict]] = {
                                               "label, the empty caption); an empty --prompt is refused without it")),
     "n": ("--n", dict(type=int, help="number of images (default 64); text models: images per prompt (default 8)")),
     "cfg_scale": ("--cfg", dict(type=float, help="classifier-free guidance scale (1 = off)")),
-    "sampler": ("--sampler", dict(help=f"{' | '.join(config.SAMPLER_NAMES)} (the guide's Sampling page); default: the "
+    "sampler": ("--sampler", dict(help=f"{' | '.join(api.SAMPLER_NAMES)} (the guide's Sampling page); default: the "
                                        "checkpoint's recorded settings, for this and every sampler flag not given")),
     "steps": ("--steps", dict(type=int, help="steps of a fixed-step sampler (heun and midpoint evaluate twice per "
                                              "step); dopri5: sets only its first trial step")),
-    "grid": ("--grid", dict(help=f"time grid: {' | '.join(config.GRID_NAMES)} (SD3's, see --shift)")),
+    "grid": ("--grid", dict(help=f"time grid: {' | '.join(api.GRID_NAMES)} (SD3's, see --shift)")),
     "shift": ("--shift", dict(type=float, help="the shifted grid's shift, > 1 favours the noise end; None: 3 (SD3)")),
     "cfg_interval": ("--cfg-interval", dict(type=float, nargs=2, metavar=("LO", "HI"), help="apply guidance only for "
                                             "LO <= t <= HI (t = 1 is noise); conditional only elsewhere")),
@@ -95,7 +95,7 @@ FLAGS: dict[str, tuple[str, dict]] = {
     "ema": ("--no-ema", dict(action="store_false", help="use the raw weights instead of the EMA")),
     "precision": ("--precision", dict(default="auto", choices=list(config.PRECISION_CHOICES),
                                       help="auto: bf16 on CUDA and on CPUs with native bf16, else fp32")),
-    "compile": ("--compile", dict(default="auto", choices=list(config.COMPILE),
+    "compile": ("--compile", dict(default="auto", choices=list(config.CHOICES["compile"]),
                                   help="torch.compile the model for sampling; auto: on for CUDA only")),
     "nproc": ("--nproc", dict(type=int, help="run as N processes here through torchrun --standalone (DDP: one per "
                                              "GPU, or CPU processes with gloo); for several machines call torchrun")),
@@ -106,7 +106,7 @@ FLAGS: dict[str, tuple[str, dict]] = {
     "inception": ("--inception", dict(action="store_true", help="also the standard Inception FID (downloads weights)")),
     "inception_weights": ("--inception-weights", dict(help="local FID Inception weights (implies --inception)")),
     "cache_dir": ("--cache-dir", dict(default=str(api.DEFAULT_CACHE), help="where reference features are cached")),
-    "samplers": ("--samplers", dict(default="euler,heun", help=f"comma-separated: {', '.join(config.SAMPLER_NAMES)}")),
+    "samplers": ("--samplers", dict(default="euler,heun", help=f"comma-separated: {', '.join(api.SAMPLER_NAMES)}")),
     "tols": ("--tols", dict(default="1e-2,1e-3", help="comma-separated tolerances, rtol = atol (dopri5)")),
     "cfgs": ("--cfg", dict(default="1,2", help="comma-separated guidance scales (1 = off)")),
     "batch_size": ("--batch-size", dict(type=int, default=256, help="images per forward pass")),

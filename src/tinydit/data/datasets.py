@@ -41,8 +41,8 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from tinydit.config import BUILTIN_DATASETS, canonical_name
 from tinydit.data.cache import CachedDataset
+from tinydit.data.names import BUILTIN_DATASETS, canonical_name
 from tinydit.data.shapes import ShapesDataset
 from tinydit.data.text import class_captions
 from tinydit.errors import TinyDiTError

@@ -26,13 +26,13 @@ from pathlib import Path
 
 import torch
 
-from tinydit.config import SAMPLER_NAMES
 from tinydit.errors import TinyDiTError
 from tinydit.eval.evaluate import DEFAULT_CACHE, eval_conditions, eval_spec, evaluate
 from tinydit.eval.metrics import MIN_SAMPLES
 from tinydit.eval.plot import MARKERS, line_plot
 from tinydit.files import ensure_writable_dir, write_text
 from tinydit.flow.generate import generate, sampler_settings
+from tinydit.flow.samplers import SAMPLER_NAMES
 from tinydit.models.checkpoint import load_model
 from tinydit.progress import Progress
 

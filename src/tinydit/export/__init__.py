@@ -32,9 +32,10 @@ from torch import nn
 from tinydit.data.text import tokenizer_of
 from tinydit.errors import TinyDiTError
 from tinydit.files import atomic_write, ensure_writable_dir, read_lines, write_text
+from tinydit.flow.records import recorded_sampling
 from tinydit.models import pretrained
 from tinydit.models.attention import ATTENTION
-from tinydit.models.checkpoint import load_checkpoint, load_model, recorded_sampling
+from tinydit.models.checkpoint import load_checkpoint, load_model
 from tinydit.models.linear import LINEAR
 
 __all__ = ["FORMATS", "export", "metadata", "find_ort_web"]

@@ -33,12 +33,12 @@ import warnings
 import torch
 from torch import nn
 
-from tinydit.config import KNOTS
 from tinydit.errors import TinyDiTError
 
 __all__ = ["KNOTS", "STUDENT_STEPS", "STEP_PROBS", "distill_loss", "distill_losses_by_steps", "init_student",
            "warn_if_untrained_settings"]  # fmt: skip
 
+KNOTS = 8  # the teacher's path is kept at t = 0, 1/8, ..., 1
 STUDENT_STEPS = (1, 2, 4, 8)  # the step counts the student learns; each divides KNOTS
 STEP_PROBS = (0.39, 0.28, 0.19, 0.14)  # how often each step count is trained: about 1 / sqrt(steps)
 

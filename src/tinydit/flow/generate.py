@@ -6,12 +6,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tinydit.config import check_sampler_args
 from tinydit.distributed import SINGLE, World
 from tinydit.errors import TinyDiTError
 from tinydit.flow.grids import DEFAULT_SHIFT, checked_time_grid
 from tinydit.flow.guidance import Velocity
-from tinydit.flow.samplers import DEFAULT_ETA, DEFAULT_TOL, SAMPLERS, SampleResult
+from tinydit.flow.samplers import DEFAULT_ETA, DEFAULT_TOL, SAMPLERS, SampleResult, check_sampler_args
 from tinydit.progress import Progress
 
 __all__ = ["class_cycle", "generate", "sampler_settings"]

@@ -6,13 +6,15 @@ arithmetic on any device), registered by name in ``GRIDS`` and chosen with ``tim
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
 
-from tinydit.config import GRID_NAMES, check_sampler_args
+from tinydit.errors import TinyDiTError
 
-__all__ = ["DEFAULT_SHIFT", "GRIDS", "uniform_grid", "shifted_grid", "time_grid", "checked_time_grid"]
+__all__ = ["DEFAULT_SHIFT", "GRIDS", "GRID_NAMES", "uniform_grid", "shifted_grid", "time_grid", "check_grid",
+           "checked_time_grid"]  # fmt: skip
 
 DEFAULT_SHIFT = 3.0  # SD3's sampling shift (Esser et al. 2024, sec. 5.3.2)
 
@@ -33,12 +35,22 @@ def shifted_grid(steps: int, shift: float = DEFAULT_SHIFT) -> torch.Tensor:
 
 
 GRIDS: dict[str, Callable[..., torch.Tensor]] = {"uniform": uniform_grid, "shifted": shifted_grid}
-assert tuple(GRIDS) == GRID_NAMES, "tinydit.config.GRID_NAMES lists every grid"
+GRID_NAMES = tuple(GRIDS)
+
+
+def check_grid(grid: str, shift: float | None = None) -> None:
+    """Raise TinyDiTError unless ``grid`` names a grid and ``shift`` is one it takes."""
+    if grid not in GRIDS:
+        raise TinyDiTError(f"unknown time grid {grid!r}: use one of {', '.join(GRIDS)}")
+    if shift is not None and grid != "shifted":
+        raise TinyDiTError(f"`shift` applies to the shifted grid only; add `grid` shifted (got `grid` {grid})")
+    if shift is not None and not (math.isfinite(shift) and shift > 0):
+        raise TinyDiTError(f"`shift` must be a positive number (1 = uniform, SD3 uses 3), got {shift}")
 
 
 def time_grid(steps: int, grid: str = "uniform", shift: float | None = None) -> torch.Tensor:
     """The grid called ``grid``: (steps + 1,) float64, t[0] = 1 and t[-1] = 0 exactly."""
-    check_sampler_args(1, 1.0, grid=grid, shift=shift)  # the grid's name and shift
+    check_grid(grid, shift)
     return checked_time_grid(steps, grid, shift)
 
 

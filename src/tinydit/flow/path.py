@@ -16,11 +16,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tinydit.config import T_SAMPLINGS  # the names, defined once where the config checks them
 from tinydit.errors import TinyDiTError
 
 __all__ = ["interpolate", "velocity_target", "sample_t", "flow_loss", "t_bins", "T_SAMPLINGS", "N_T_BINS"]
 
+T_SAMPLINGS = ("uniform", "logit-normal")  # how training times are drawn (`sample_t`)
 N_T_BINS = 10  # losses are also reported in this many equal bins of t: where along the path the model errs
 
 

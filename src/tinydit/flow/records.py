@@ -13,11 +13,13 @@ import functools
 import json
 from pathlib import Path
 
-from tinydit.config import BUILTIN_DATASETS, MODEL_CONDS, MODEL_PRESETS, canonical_name, check_sampler_args
+from tinydit.data.names import BUILTIN_DATASETS
 from tinydit.errors import TinyDiTError
+from tinydit.flow.samplers import check_sampler_args
+from tinydit.models.presets import MODEL_CONDS, MODEL_PRESETS
 
 __all__ = ["SAMPLING_KEYS", "SAMPLING_DEFAULT", "SAMPLING_RECORDS", "split_sampling", "read_sampling_records",
-           "recommended_sampling"]  # fmt: skip
+           "recommended_sampling", "recorded_sampling"]  # fmt: skip
 
 SAMPLING_KEYS = ("sampler", "steps", "cfg_scale", "grid", "shift", "cfg_interval", "eta", "rtol", "atol")
 SAMPLING_DEFAULT = {"sampler": "euler", "steps": 32, "cfg_scale": 2.0, "grid": "uniform", "shift": None,
@@ -88,15 +90,26 @@ def _check_sampling_record(record: dict) -> tuple[tuple[str, str, str], dict]:
 
 
 def recommended_sampling(data: str, preset: str, cond: str, few_step: str = "none") -> dict:
-    """The sampler settings a new checkpoint records: complete (every key of SAMPLING_KEYS) and sourced."""
+    """The sampler settings a new checkpoint records: complete (every key of SAMPLING_KEYS) and sourced.
+    ``data`` is the canonical name (``tinydit.data.names.canonical_name``), as a checkpoint records it."""
     if few_step == "distill":  # guidance is in the teacher's paths, and the student learned Euler jumps
         found = {"sampler": "euler", "steps": 4, "cfg_scale": 1.0,
                  "source": "a distilled student takes 1, 2, 4 or 8 Euler steps at guidance 1"}
     else:
-        found = read_sampling_records().get((canonical_name(data), preset, cond))
+        found = read_sampling_records().get((data, preset, cond))
     if found is None:
         return {**SAMPLING_DEFAULT, "source": "the default, not measured for this data set and preset: "
                                               "`tinydit sweep --apply` records the best for this checkpoint"}
     settings = {**SAMPLING_DEFAULT, **found}
     settings["cfg_interval"] = list(settings["cfg_interval"]) if settings["cfg_interval"] else None
     return settings
+
+
+def recorded_sampling(state: dict) -> dict:
+    """The sampler settings a checkpoint records (``sampling``), or, for one written before they were
+    recorded, those its data set and preset would record now."""
+    if isinstance(state.get("sampling"), dict):
+        return state["sampling"]
+    train, data = state.get("train_config") or {}, state.get("data") or {}
+    cond = (state.get("model_config") or {}).get("cond", "class")  # an incomplete checkpoint fails in load_model
+    return recommended_sampling(data.get("name", ""), train.get("preset", ""), cond, train.get("few_step", "none"))

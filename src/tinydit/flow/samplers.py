@@ -38,12 +38,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from tinydit.config import SAMPLER_NAMES, check_sampler_args
 from tinydit.errors import TinyDiTError
-from tinydit.flow.grids import checked_time_grid, uniform_grid
+from tinydit.flow.grids import check_grid, checked_time_grid, uniform_grid
 from tinydit.flow.guidance import Velocity
 
-__all__ = ["SampleResult", "SAMPLERS", "sample", "sample_path", "euler", "heun", "midpoint", "heun_first",
+__all__ = ["SampleResult", "SAMPLERS", "SAMPLER_NAMES", "FIXED_STEP_SAMPLERS", "check_sampler_args",
+           "sample", "sample_path", "euler", "heun", "midpoint", "heun_first",
            "ancestral", "dopri5", "DEFAULT_TOL", "DEFAULT_ETA"]  # fmt: skip
 
 Field = Callable[[torch.Tensor, float], torch.Tensor]  # v = velocity(x, t); Velocity also takes d=, the step
@@ -269,8 +269,42 @@ SAMPLERS: dict[str, Callable[..., torch.Tensor]] = {
     "euler": euler, "heun": heun, "midpoint": midpoint, "dopri5": dopri5, "ancestral": ancestral,
     "heun-first": heun_first,
 }  # fmt: skip
-assert tuple(SAMPLERS) == SAMPLER_NAMES, "tinydit.config.SAMPLER_NAMES lists every sampler, in this order"
-_PATH_SAMPLERS = ("euler", "heun", "midpoint")  # fixed-step and deterministic: their path can be recorded
+SAMPLER_NAMES = tuple(SAMPLERS)
+FIXED_STEP_SAMPLERS = ("euler", "heun", "midpoint")  # fixed-step and deterministic: their path can be recorded
+
+
+def check_sampler_args(
+    steps: int,
+    cfg_scale: float,
+    sampler: str = "euler",
+    grid: str = "uniform",
+    shift: float | None = None,
+    cfg_interval: tuple[float, float] | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+    eta: float | None = None,
+) -> None:
+    """Raise TinyDiTError for any setting a sampler cannot run with (before any work is done)."""
+    if sampler not in SAMPLERS:
+        raise TinyDiTError(f"unknown sampler {sampler!r}: use one of {', '.join(SAMPLER_NAMES)}")
+    if steps < 1:
+        raise TinyDiTError(f"`steps` must be >= 1, got {steps}")
+    if not (math.isfinite(cfg_scale) and cfg_scale >= 0):  # also refuses NaN and inf
+        raise TinyDiTError(f"`cfg_scale` (the guidance scale) must be >= 0, 1 = off, and finite; got {cfg_scale}")
+    check_grid(grid, shift)
+    if cfg_interval is not None:
+        lo, hi = (float(v) for v in cfg_interval)
+        if not 0 <= lo <= hi <= 1:
+            raise TinyDiTError(f"`cfg_interval` LO HI needs 0 <= LO <= HI <= 1 (times, 1 = noise), got {lo} {hi}")
+    for name, tol in (("rtol", rtol), ("atol", atol)):
+        if tol is not None and sampler != "dopri5":
+            raise TinyDiTError(f"`{name}` applies to the adaptive sampler only; add `sampler` dopri5")
+        if tol is not None and not (math.isfinite(tol) and tol > 0):
+            raise TinyDiTError(f"`{name}` must be a positive number such as 1e-3, got {tol}")
+    if eta is not None and sampler != "ancestral":
+        raise TinyDiTError("`eta` applies to the stochastic sampler only; add `sampler` ancestral")
+    if eta is not None and not 0 <= eta <= 1:
+        raise TinyDiTError(f"`eta` must be in [0, 1] (0: deterministic, as Euler; 1: DDPM's noise), got {eta}")
 
 
 def sample(
@@ -309,8 +343,9 @@ def sample_path(
     and keeps x at t = k / knots. Returns (states (knots + 1, N, C, H, W), where states[k] is x at
     t = k / knots, so states[knots] is the noise and states[0] the sample; model evaluations per image).
     """
-    if name not in _PATH_SAMPLERS:
-        raise TinyDiTError(f"a recorded path needs a fixed-step sampler ({', '.join(_PATH_SAMPLERS)}), got {name!r}")
+    if name not in FIXED_STEP_SAMPLERS:
+        raise TinyDiTError(f"a recorded path needs a fixed-step sampler ({', '.join(FIXED_STEP_SAMPLERS)}), "
+                           f"got {name!r}")  # fmt: skip
     if knots < 1 or steps_per_knot < 1:
         raise TinyDiTError(f"knots and steps per knot must be >= 1, got {knots} and {steps_per_knot}")
     steps = knots * steps_per_knot

@@ -24,10 +24,9 @@ from tinydit.errors import TinyDiTError
 from tinydit.models import pretrained
 from tinydit.models.dit import DiT
 from tinydit.models.registry import build_model, config_from_dict
-from tinydit.records import recommended_sampling
 from tinydit.version import __version__
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "load_checkpoint", "load_model", "check_weights", "recorded_sampling", "unwrap"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "load_checkpoint", "load_model", "check_weights", "unwrap"]
 
 FORMAT = "tinydit-checkpoint"
 FORMAT_VERSION = 1
@@ -70,16 +69,6 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
             f"{FORMAT_VERSION}; use the tinydit release that wrote it"
         )
     return state
-
-
-def recorded_sampling(state: dict) -> dict:
-    """The sampler settings a checkpoint records (``sampling``), or, for one written before they were
-    recorded, those its data set and preset would record now."""
-    if isinstance(state.get("sampling"), dict):
-        return state["sampling"]
-    train, data = state.get("train_config") or {}, state.get("data") or {}
-    cond = (state.get("model_config") or {}).get("cond", "class")  # an incomplete checkpoint fails in load_model
-    return recommended_sampling(data.get("name", ""), train.get("preset", ""), cond, train.get("few_step", "none"))
 
 
 def check_weights(model: nn.Module, weights: dict, where: str) -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-from tinydit.config import CONDS, DEFAULT_PRESETS, MLPS, MODEL_PRESETS, NORMS, POSITIONS, PREDICTIONS
 from tinydit.errors import TinyDiTError
+from tinydit.models.presets import CONDS, DEFAULT_PRESETS, MLPS, MODEL_PRESETS, NORMS, POSITIONS, PREDICTIONS
 
 __all__ = ["DiTConfig", "PRESETS", "DEFAULT_PRESET", "SWITCHES", "ORIGINAL_BLOCK", "CONDS", "PIXEL_MAPS", "get_preset"]
 
@@ -111,7 +111,7 @@ class DiTConfig:
         return cls(**d)
 
 
-PRESETS = MODEL_PRESETS["dit"]  # the table lives with the configs (tinydit.config)
+PRESETS = MODEL_PRESETS["dit"]  # the table of every model type is tinydit.models.presets
 DEFAULT_PRESET = DEFAULT_PRESETS["dit"]
 
 # The architecture switches one at a time and all together, each spelled out in full so that it means

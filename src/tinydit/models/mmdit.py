@@ -28,10 +28,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tinydit.config import DEFAULT_PRESETS, MODEL_PRESETS
 from tinydit.errors import TinyDiTError
 from tinydit.models.attention import attention
 from tinydit.models.dit import AdaLN, Attention, DiT, DiTBlock, DiTConfig, make_mlp, make_norm, norm_modulate
+from tinydit.models.presets import DEFAULT_PRESETS, MODEL_PRESETS
 
 __all__ = ["MMDiTConfig", "MMDiT", "JointBlock", "joint_attention", "PRESETS", "DEFAULT_PRESET", "get_preset"]
 
@@ -55,7 +55,7 @@ class MMDiTConfig(DiTConfig):
         super().__post_init__()
 
 
-PRESETS = MODEL_PRESETS["mmdit"]  # the table lives with the configs (tinydit.config)
+PRESETS = MODEL_PRESETS["mmdit"]  # the table of every model type is tinydit.models.presets
 DEFAULT_PRESET = DEFAULT_PRESETS["mmdit"]
 
 

@@ -13,13 +13,16 @@ import time
 
 import torch
 
-from tinydit.config import PLAN_AT, TrainConfig
+from tinydit.config import TrainConfig
 from tinydit.errors import TinyDiTError
 from tinydit.runtime import resolve_compile
 from tinydit.train import optim
 
-__all__ = ["Budget", "Clock", "PLAN_MARGIN"]
+__all__ = ["Budget", "Clock", "PLAN_AT", "PLAN_MARGIN"]
 
+# A time-budget run measures its rate once this share of its budget has passed in the process (compiling,
+# caching and the first grid come before; the rate is steady by then); its cool-down must start after that.
+PLAN_AT = 0.1
 # A time-budget run plans to end at this share of the time left when its cool-down begins: the budget is
 # a promise, and the rate can still fall (a sample grid, the validation batch, a busy machine). If it
 # falls further than that, the clock still ends the run, mid-cool-down.

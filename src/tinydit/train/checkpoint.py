@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-from tinydit.config import TRAJECTORY_FIELDS, TrainConfig, canonical_name
+from tinydit.config import TRAJECTORY_FIELDS, TrainConfig
+from tinydit.data.names import canonical_name
 from tinydit.errors import TinyDiTError
 from tinydit.files import torch_save
 from tinydit.models.checkpoint import FORMAT, FORMAT_VERSION

@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.data import Dataset
 
-from tinydit.config import TrainConfig, canonical_name
+from tinydit.config import TrainConfig
 from tinydit.data.cache import CachedDataset
 from tinydit.data.datasets import load_dataset
+from tinydit.data.names import canonical_name
 from tinydit.data.shapes import GRID_PROMPTS
 from tinydit.data.text import Tokenizer, class_captions, holds_phrase
 from tinydit.errors import TinyDiTError

@@ -11,9 +11,9 @@ from torch import nn
 from tinydit.flow import distill
 from tinydit.flow.generate import class_cycle
 from tinydit.flow.path import N_T_BINS, flow_loss, t_bins
+from tinydit.flow.records import split_sampling
 from tinydit.flow.samplers import sample
 from tinydit.images import save_grid
-from tinydit.records import split_sampling
 from tinydit.train.data import RunData
 from tinydit.train.teacher import TeacherPaths
 
@@ -57,8 +57,8 @@ def validation_losses(model: nn.Module, data: RunData, device: torch.device,
 def sample_grid(forward, data: RunData, config, noise_gen: torch.Generator, device: torch.device, settings: dict,
                 paths: list[Path], per_class: int = 8) -> None:  # fmt: skip
     """Samples from fixed noise (drawn from ``noise_gen``) with the sampler ``settings`` (a sampling
-    record, ``tinydit.config.split_sampling``), written to each of ``paths``: one column per class, or in text runs one
-    row of ``per_class`` images per prompt of ``data.prompts``."""
+    record, ``tinydit.flow.records.split_sampling``), written to each of ``paths``: one column per class,
+    or in text runs one row of ``per_class`` images per prompt of ``data.prompts``."""
     if data.tokenizer is not None:
         ids = data.tokenizer.encode(data.prompts, warn=False)  # (P, L)
         y, nrow = ids.repeat_interleave(per_class, dim=0).to(device), per_class  # (P * per_class, L)

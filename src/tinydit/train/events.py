@@ -16,7 +16,7 @@ import torch
 from tinydit.errors import TinyDiTError
 from tinydit.eval.evaluate import default_best_metric, lower_is_better, score_model
 from tinydit.flow.path import N_T_BINS, t_bins
-from tinydit.records import split_sampling
+from tinydit.flow.records import split_sampling
 from tinydit.runtime import autocast
 from tinydit.train import optim
 from tinydit.train.budget import Clock

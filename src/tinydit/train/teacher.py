@@ -14,10 +14,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from tinydit.config import KNOTS
 from tinydit.errors import TinyDiTError
 from tinydit.files import torch_save
-from tinydit.flow.distill import distill_loss
+from tinydit.flow.distill import KNOTS, distill_loss
 from tinydit.flow.generate import class_cycle
 from tinydit.flow.samplers import sample_path
 from tinydit.models.checkpoint import load_checkpoint, load_model

@@ -24,10 +24,10 @@ from tinydit.eval.run_report import write_run_report
 from tinydit.files import RunDirLock, ensure_writable_dir
 from tinydit.flow.guidance import null_condition
 from tinydit.flow.path import flow_loss, sample_t
+from tinydit.flow.records import recommended_sampling
 from tinydit.flow.shortcut import n_self_consistency, shortcut_loss
 from tinydit.models.checkpoint import load_checkpoint, unwrap
 from tinydit.models.dit import count_params
-from tinydit.records import recommended_sampling
 from tinydit.runtime import autocast, resolve_device, resolve_precision
 from tinydit.train import optim
 from tinydit.train.budget import Budget, Clock
@@ -36,6 +36,7 @@ from tinydit.train.data import BatchOrder, canonical_data, prepare_data
 from tinydit.train.diagnostics import validation_losses
 from tinydit.train.events import Events, best_metric
 from tinydit.train.log import RunLog
+from tinydit.train.resolve import resolve
 from tinydit.train.run import Run
 from tinydit.train.teacher import Distillation
 
@@ -53,7 +54,7 @@ class TrainResult:
 
 
 class Trainer:
-    """Trains a DiT or an MMDiT with flow matching as ``cfg`` says, continuing ``cfg.out`` if it holds a run.
+    """Trains a DiT or an MMDiT with flow matching as ``cfg`` (resolved: ``self.cfg``) says, continuing ``cfg.out``.
 
     ``dataset`` (and ``val_dataset``): any map-style Dataset of (image (C, H, W) in [-1, 1], label) to
     train on instead of the data set ``cfg.data`` names (``tinydit.train.data``).
@@ -61,9 +62,8 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, overwrite: bool = False, require_resume: bool = False, progress: bool = True,
                  dataset: Dataset | None = None, val_dataset: Dataset | None = None):  # fmt: skip
-        self.cfg, self.progress = cfg, progress
-        self.out = Path(cfg.out)
-        self.ckpt_path = self.out / "checkpoint.pt"
+        self.cfg, self.progress = resolve(cfg), progress  # its defaults filled for the data set, once
+        self.out, self.ckpt_path = Path(cfg.out), Path(cfg.out) / "checkpoint.pt"
         # Held from before the checkpoint is read until fit() ends: one trainer per run directory.
         self.lock = RunDirLock(self.out)
         self.world = distributed.init(resolve_device(cfg.device))

@@ -1,0 +1,104 @@
+"""A run's configuration resolved once: every ``None`` default of a ``TrainConfig`` filled from the data
+set and the model type, and every name checked against the table of its owner (the presets and the
+architecture switches in ``tinydit.models.presets``, the samplers in ``tinydit.flow.samplers``, the
+training times in ``tinydit.flow.path``, the data sets in ``tinydit.data.names``).
+
+``resolve(cfg)`` returns a new config and never changes ``cfg``; resolving a resolved config returns an
+equal one, so a run continued from its stored config resolves to what it ran with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tinydit.config import CHOICES as CONFIG_CHOICES
+from tinydit.config import TrainConfig
+from tinydit.data.names import canonical_name
+from tinydit.errors import TinyDiTError
+from tinydit.flow.distill import KNOTS
+from tinydit.flow.path import T_SAMPLINGS
+from tinydit.flow.samplers import FIXED_STEP_SAMPLERS, check_sampler_args
+from tinydit.models.presets import MLPS, MODEL_CONDS, MODEL_PRESETS, NORMS, POSITIONS, PREDICTIONS, default_preset
+from tinydit.tokens import parse_phrases
+
+__all__ = ["resolve", "CHOICES", "SHAPES_HOLDOUT", "NOISEWARD_SHIFT", "BUDGET_COOLDOWN_FRAC", "DEFAULT_STEPS",
+           "DEFAULT_BATCH_SIZES", "DEFAULT_LRS"]  # fmt: skip
+
+# Caption combinations a shapes text run never sees unless told otherwise (`holdout`): prompt adherence
+# on them measures compositional generalisation (tinydit.eval.adherence).
+SHAPES_HOLDOUT = "red triangle,blue circle"
+# Class runs on RGB data train on logit-normal times shifted by this towards noise, logit(t) ~ N(log 2.2, 1),
+# close to JiT's N(0.8, 0.8) for x-prediction (Li & He 2025): the class decides the layout at the noisy
+# end of the path, where its small signal needs the training steps.
+NOISEWARD_SHIFT = 2.2
+# `minutes` runs let the learning rate fall over this last share of the budget unless told otherwise: a
+# run that stops at its peak rate ends on noisy weights.
+BUDGET_COOLDOWN_FRAC = 0.2
+DEFAULT_STEPS = 2000  # a run given neither `steps` nor `minutes`
+# The default batch per data set, else 128: shapes gains more from more, smaller steps than from a larger batch.
+DEFAULT_BATCH_SIZES = {"shapes": 64}
+# The default peak learning rate per data set, else 1e-3; shapes at batch 64 takes 2e-3, its edge of stability.
+DEFAULT_LRS = {"shapes": 2e-3}
+
+# The values each TrainConfig field with a closed set takes, from its owner, for the CLI's --help (the
+# architecture switches are checked where the model's config is built, tinydit.models.dit_config).
+CHOICES: dict[str, tuple[str, ...]] = {
+    "model": tuple(MODEL_CONDS), "t_sampling": T_SAMPLINGS, "teacher_sampler": FIXED_STEP_SAMPLERS, "norm": NORMS,
+    "mlp": MLPS, "pos": POSITIONS, "pred": PREDICTIONS, **CONFIG_CHOICES,
+}  # fmt: skip
+
+
+def resolve(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` with its defaults filled for its data set and model type, its names checked: a new config."""
+    if cfg.model not in MODEL_CONDS:
+        raise TinyDiTError(f"unknown `model` {cfg.model!r}: use one of {', '.join(MODEL_CONDS)}")
+    if cfg.t_sampling is not None and cfg.t_sampling not in T_SAMPLINGS:
+        raise TinyDiTError(f"`t_sampling` must be one of {', '.join(T_SAMPLINGS)}; got {cfg.t_sampling!r}")
+    data = canonical_name(cfg.data)  # the key of the per-data defaults below
+    conds = MODEL_CONDS[cfg.model]
+    cond = conds[0] if cfg.cond is None else cfg.cond
+    if cond not in conds:
+        hint = "; use `model` dit for class labels" if cfg.model == "mmdit" else ""
+        raise TinyDiTError(f"`model` {cfg.model} takes `cond` {' or '.join(conds)}, got {cond!r}{hint}")
+    preset = default_preset(cfg.model, data, cond) if cfg.preset is None else cfg.preset
+    if preset not in MODEL_PRESETS[cfg.model]:
+        raise TinyDiTError(f"unknown preset {preset!r} for `model` {cfg.model}: use one of "
+                           f"{', '.join(MODEL_PRESETS[cfg.model])}")  # fmt: skip
+    rgb_class = cond == "class" and data != "fashion-mnist"
+    steps = DEFAULT_STEPS if cfg.steps is None and cfg.minutes is None else cfg.steps
+    cooldown_frac = cfg.cooldown_frac
+    if cooldown_frac is None:
+        cooldown_frac = BUDGET_COOLDOWN_FRAC if cfg.minutes is not None and not cfg.cooldown else 0.0
+    if cfg.few_step == "distill":
+        _check_teacher(cfg, cond)
+    return replace(
+        cfg, cond=cond, preset=preset, holdout=_holdout(cfg.holdout, cond, data), steps=steps,
+        cooldown_frac=cooldown_frac,
+        t_sampling=cfg.t_sampling or ("logit-normal" if cond == "text" or rgb_class else "uniform"),
+        t_shift=cfg.t_shift or (NOISEWARD_SHIFT if rgb_class else 1.0),
+        batch_size=cfg.batch_size or DEFAULT_BATCH_SIZES.get(data, 128), lr=cfg.lr or DEFAULT_LRS.get(data, 1e-3),
+    )  # fmt: skip
+
+
+def _check_teacher(cfg: TrainConfig, cond: str) -> None:
+    """A distilled student's teacher settings, and its conditioning."""
+    if cond != "class":
+        raise TinyDiTError("`few_step` distill works with class-conditional models for now; drop `cond` text")
+    if cfg.teacher_sampler not in FIXED_STEP_SAMPLERS:
+        raise TinyDiTError(f"`teacher_sampler` must be {', '.join(FIXED_STEP_SAMPLERS)}, got {cfg.teacher_sampler!r}")
+    if cfg.teacher_steps < 1 or cfg.teacher_steps % KNOTS:
+        raise TinyDiTError(f"`teacher_steps` must be a positive multiple of {KNOTS} (the teacher's path is "
+                           f"kept at t = k/{KNOTS}), got {cfg.teacher_steps}")  # fmt: skip
+    check_sampler_args(cfg.teacher_steps, cfg.teacher_cfg, cfg.teacher_sampler, cfg_interval=cfg.teacher_cfg_interval)
+
+
+def _holdout(holdout: str | None, cond: str, data: str) -> str | None:
+    """The held-out phrases, written out in full ("" for none) for text runs; None for class runs."""
+    if cond != "text":
+        if holdout not in (None, "", "none"):
+            raise TinyDiTError(f"`holdout` {holdout!r} removes captioned combinations from a text run; "
+                               "add `cond` text (or `model` mmdit), or drop `holdout`")  # fmt: skip
+        return None
+    if holdout is None:
+        return SHAPES_HOLDOUT if data == "shapes" else ""
+    return ",".join(parse_phrases(holdout))
