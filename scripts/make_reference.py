@@ -6,9 +6,9 @@
 
 It exports the run's EMA weights as a pretrained folder in bfloat16 into ``src/tinydit/reference/NAME``,
 measures it with ``tinydit eval`` (``--n`` samples, the recorded sampler settings; the card shows these
-numbers), and records a small check in its config.json: the strict shapes judge on ``--check-n`` samples
+numbers), and records a small check in its config.json: the check of ``tinydit.eval.check`` on ``--check-n`` samples
 drawn in fp32, which ``tests/test_reference.py`` draws again, so that the card, the weights and the code
-cannot drift apart. Class models of shapes and Fashion-MNIST.
+cannot drift apart. Class models of shapes and Fashion-MNIST, text models of shapes.
 """
 
 from __future__ import annotations
@@ -23,15 +23,12 @@ from tinydit.models.pretrained import CONFIG, REFERENCE
 
 
 def check(folder: Path, n: int, steps: int | None = None) -> dict:
-    """What tests/test_reference.py measures again: fp32 samples (seed 0) of the folder with its recorded
-    sampler (``steps`` of it, if given: a cheaper check), scored without reference images
-    (``tinydit.eval.features.check_scores``)."""
-    from tinydit.eval.features import check_scores
-    from tinydit.images import to_uint8
+    """What tests/test_reference.py measures again: ``n`` fp32 evaluation samples (seed 0) of the folder
+    with its recorded sampler (``steps`` of it, if given: a cheaper check), scored without reference
+    images (``tinydit.eval.check.check_model``)."""
+    from tinydit.eval.check import check_model
 
-    res = api.sample(folder, n, seed=0, precision="fp32", device="cpu", steps=steps)
-    data = json.loads((folder / CONFIG).read_text())["data"]["name"]
-    scores = check_scores(to_uint8(res.x), res.labels, data)
+    scores = check_model(folder, n, seed=0, steps=steps)
     return {"n": n, "seed": 0, "precision": "fp32", "steps": steps, **{k: round(v, 4) for k, v in scores.items()}}
 
 

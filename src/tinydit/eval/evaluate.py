@@ -349,11 +349,12 @@ def sample_for_eval(model, state: dict, n: int, steps: int, cfg_scale: float, se
     if attrs is not None:
         holdout = parse_phrases(state["train_config"].get("holdout") or "")
         info.update(flatten(score(res.x, attrs, holdout)), adherence_holdout=",".join(holdout) or "none")
-    elif state["data"]["name"] == "shapes":  # a class model: is the shape its label asked for drawn?
+    if state["data"]["name"] == "shapes":  # class or text: is the shape its label or prompt asked for drawn?
         # The strict judge (a clean shape of the asked kind fits; tinydit.eval.shape_fit) is the quality
         # figure; read_shape's lenient reading stays beside it as a diagnostic.
         info.update({f"shape_{k}": v for k, v in strict_scores(res.x, labels).items()})
-        info["shape_accuracy"] = shape_accuracy(res.x, labels)
+        if attrs is None:  # a text model's lenient reading is its adherence_shape_*
+            info["shape_accuracy"] = shape_accuracy(res.x, labels)
     return res.x, labels, info
 
 

@@ -22,7 +22,7 @@ from tinydit.data.cache import random_flip
 from tinydit.errors import TinyDiTError
 from tinydit.images import from_uint8
 
-__all__ = ["FeatureNet", "ASSETS", "FEATURE_NETS", "load_feature_net", "file_sha256", "check_scores",
+__all__ = ["FeatureNet", "ASSETS", "FEATURE_NETS", "load_feature_net", "file_sha256",
            "train_feature_net", "extract"]  # fmt: skip
 
 ASSETS = Path(__file__).parent.parent / "assets"
@@ -135,19 +135,3 @@ def train_feature_net(
             if step % 100 == 0:
                 log(f"epoch {epoch + 1}/{epochs} step {step}/{steps} loss {loss.item():.4f}")
     return net.eval()
-
-
-def check_scores(images_uint8: torch.Tensor, labels: torch.Tensor, data: str) -> dict[str, float]:
-    """Scores of class-conditional samples that need no reference images, so a shipped model can be checked
-    anywhere: on shapes the strict judge's pass rate and colours, on Fashion-MNIST how often its CNN reads
-    the asked class."""
-    if data == "shapes":
-        from tinydit.eval.shape_fit import strict_scores
-
-        scores = strict_scores(images_uint8, labels)
-        return {"shape_strict": scores["strict"], "shape_colours": scores["colours"]}
-    if data not in FEATURE_NETS:
-        raise TinyDiTError(f"{data} has no offline feature network to check samples with")
-    net, _ = load_feature_net(FEATURE_NETS[data])
-    _, predictions = extract(net, images_uint8)
-    return {f"class_consistency_{FEATURE_NETS[data]}": (predictions == labels.cpu()).double().mean().item()}

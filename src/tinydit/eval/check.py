@@ -1,0 +1,51 @@
+"""Scores that need no reference images, so a model can be checked anywhere, in seconds: what a shipped
+reference model's config.json records (``scripts/make_reference.py``) and ``tests/test_reference.py``
+measures again.
+
+* shapes, class models: the strict judge's pass rate and colours (``tinydit.eval.shape_fit``)
+* shapes, text models: all-attribute prompt adherence on seen prompts (``tinydit.eval.adherence``) and the
+  strict judge on the prompted shape
+* Fashion-MNIST: how often its feature CNN reads the asked class
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tinydit.data.text import tokenizer_of
+from tinydit.errors import TinyDiTError
+from tinydit.eval.evaluate import sample_for_eval
+from tinydit.eval.features import FEATURE_NETS, extract, load_feature_net
+from tinydit.eval.shape_fit import strict_scores
+from tinydit.flow.records import recorded_sampling, split_sampling
+from tinydit.images import to_uint8
+from tinydit.models.checkpoint import load_model
+
+__all__ = ["check_scores", "check_model"]
+
+
+def check_scores(images_uint8: torch.Tensor, labels: torch.Tensor, data: str) -> dict[str, float]:
+    """Scores of class-conditional samples (N, 3, H, W) uint8 with their labels (N,) of data set ``data``."""
+    if data == "shapes":
+        scores = strict_scores(images_uint8, labels)
+        return {"shape_strict": scores["strict"], "shape_colours": scores["colours"]}
+    if data not in FEATURE_NETS:
+        raise TinyDiTError(f"{data} has no offline feature network to check samples with")
+    net, _ = load_feature_net(FEATURE_NETS[data])
+    _, predictions = extract(net, images_uint8)
+    return {f"class_consistency_{FEATURE_NETS[data]}": (predictions == labels.cpu()).double().mean().item()}
+
+
+def check_model(checkpoint, n: int, seed: int = 0, steps: int | None = None) -> dict[str, float]:
+    """``n`` evaluation samples (fp32, noise from ``seed``) of a checkpoint or pretrained folder with its
+    recorded sampler settings (``steps`` of them, if given: a cheaper check), scored as above. Text models
+    are asked every shape x colour x background prompt in turn, as ``tinydit eval`` asks them."""
+    model, state = load_model(checkpoint)
+    sampler, recorded_steps, cfg_scale, options = split_sampling(recorded_sampling(state))
+    x, labels, info = sample_for_eval(model, state, n, steps or recorded_steps, cfg_scale, seed, sampler=sampler,
+                                      **options)  # fmt: skip
+    if tokenizer_of(state) is None:
+        return check_scores(to_uint8(x), labels, state["data"]["name"])
+    if state["data"]["name"] != "shapes":
+        raise TinyDiTError("a text model can be checked on shapes only: its prompts are read back from the pixels")
+    return {"adherence_all_seen": info["adherence_all_seen"], "shape_strict": info["shape_strict"]}
