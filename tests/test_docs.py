@@ -88,6 +88,17 @@ def parse_error(argv: list[str]) -> str | None:
     return None
 
 
+def test_the_front_door_shows_train_sample_and_eval_on_both_pages():
+    for page in PAGES:
+        shown = {argv[0] for where, argv in COMMANDS if where.startswith(f"{page}:") and argv}
+        assert {"train", "sample", "eval"} <= shown, f"{page} shows tinydit {sorted(shown)}"
+
+
+def test_readme_and_the_guide_home_show_the_same_commands():
+    by_page = {page: sorted(argv for where, argv in COMMANDS if where.startswith(f"{page}:")) for page in PAGES}
+    assert by_page["README.md"] == by_page["docs/index.md"]
+
+
 @pytest.mark.parametrize("where, argv", COMMANDS, ids=[where for where, _ in COMMANDS])
 def test_every_command_on_the_front_door_parses(where, argv):
     error = parse_error(argv)
