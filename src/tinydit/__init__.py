@@ -1,4 +1,4 @@
-"""TinyDiT: flow-matching Diffusion Transformers on small images, on a laptop CPU or a GPU.
+"""TinyDiT: flow-matching Diffusion Transformers on small images, on a CPU or a GPU.
 
 The package, one idea a folder, imports pointing one way (``tests/test_layers.py`` enforces it):
 

@@ -37,7 +37,7 @@ DIT_PRESETS: dict[str, dict] = {
     # The CPU preset: minutes per run. SwiGLU is its one switch that won the equal-time ablation on
     # Fashion-MNIST; RMSNorm, QK-norm and RoPE each scored worse there and stay off.
     "dit-1.9m": dict(dim=128, depth=6, n_heads=4, patch_size=4, mlp="swiglu", pred="auto"),
-    "dit-9.8m": dict(dim=256, depth=8, n_heads=4, patch_size=4, pred="auto"),  # a laptop hour, or a GPU
+    "dit-9.8m": dict(dim=256, depth=8, n_heads=4, patch_size=4, pred="auto"),  # a longer CPU run, or a GPU
     "dit-32m": dict(dim=384, depth=12, n_heads=6, patch_size=2, pred="auto"),  # GPU: 256 tokens per 32x32 image
 }
 

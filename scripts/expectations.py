@@ -1,0 +1,129 @@
+"""Print the rows of the "What to expect" tables (README.md, docs/index.md) from runs and their evaluations.
+
+    tinydit train --data shapes --minutes 5 --out runs/shapes
+    tinydit eval --checkpoint runs/shapes/checkpoint.pt --n 1000 --out eval/shapes
+    python scripts/expectations.py runs/shapes:eval/shapes [RUN:EVAL ...] --machine "2-core AMD EPYC, ..."
+
+Each RUN:EVAL pair is a run directory (its config.json and metrics.jsonl, written by `tinydit train`) and
+the folder `tinydit eval --out` wrote for it (metrics.json, which holds the exact eval command). A row
+gives the machine, precision, torch version, date, seed, steps, the scores and the two commands; the
+train command is the shortest one equivalent to the run's resolved config (the flags whose values differ
+from the defaults for its data set). `shapes` class runs fill the shapes table (the strict judge, per
+kind), Fashion-MNIST runs the Fashion-MNIST table (`fid_fmnist_cnn`). Paste the rows under the tables'
+headers; a row is a measurement, so it keeps its date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import re
+from dataclasses import fields
+from pathlib import Path
+
+from tinydit.config import TrainConfig
+
+HEADERS = {
+    "shapes": ("| machine | precision | torch | date | seed | steps | `shape_strict`, 1,000 samples "
+               "| circles / squares / triangles / crosses | command |\n|---|---|---|---|---|---|---|---|---|"),
+    "fashion-mnist": ("| machine | precision | torch | date | seed | steps | `fid_fmnist_cnn` | samples | command |\n"
+                      "|---|---|---|---|---|---|---|---|---|"),
+}  # fmt: skip
+KINDS = ("circle", "square", "triangle", "cross")
+NOT_FLAGS = ("out", "data", "minutes", "steps")  # written first, or not at all
+ON_OFF = {f.name for f in fields(TrainConfig) if "bool" in str(f.type) and "None" in str(f.type)}  # --qk-norm on
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def this_machine() -> str:
+    """'2-core Intel(R) Xeon(R) Processor, AMX' from /proc/cpuinfo, or the platform's processor name."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    names = re.findall(r"^model name\s*:\s*(.+)$", info, re.M)
+    flags = set(re.search(r"^flags\s*:\s*(.+)$", info, re.M)[1].split()) if "flags" in info else set()
+    extras = [name for flag, name in (("amx_bf16", "AMX"), ("avx512_bf16", "AVX-512 with bf16"),
+                                      ("avx512f", "AVX-512")) if flag in flags]  # fmt: skip
+    extra = extras[0] if extras else "no AVX-512"
+    return f"{len(names)}-core {names[0] if names else platform.machine()}, {extra}"
+
+
+def flag_words(name: str, value) -> list[str]:
+    """The `tinydit train` flag words that set TrainConfig field ``name`` to ``value``."""
+    flag = "--" + name.replace("_", "-")
+    if isinstance(value, bool) and name in ON_OFF:
+        return [flag, "on" if value else "off"]
+    if isinstance(value, bool):  # a plain switch: --name turns it on, --no-name off
+        return [flag] if value else ["--no-" + name.replace("_", "-")]
+    if isinstance(value, list | tuple):
+        return [flag, *(f"{v:g}" for v in value)]
+    return [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+
+
+def train_command(train: dict) -> str:
+    """The shortest `tinydit train` command whose config resolves to ``train`` (config.json's "train")."""
+    budget = {"minutes": train.get("minutes"), "steps": train.get("steps")}
+    defaults = TrainConfig(data=train["data"], model=train.get("model", "dit"), cond=train.get("cond"),
+                           **budget).to_dict()  # fmt: skip
+    words = ["tinydit", "train", "--data", train["data"]]
+    words += [w for k in ("minutes", "steps") if budget[k] is not None for w in flag_words(k, budget[k])]
+    for name, value in train.items():
+        if name in NOT_FLAGS or name not in defaults:
+            continue
+        default = defaults[name]
+        if json.dumps(value) != json.dumps(list(default) if isinstance(default, tuple) else default):
+            words += flag_words(name, value)
+    return " ".join([*words, "--out", train["out"]])
+
+
+def row(run: Path, evaluation: Path, machine: str, date: str | None) -> tuple[str, str]:
+    """(table, markdown row) for one run and its evaluation."""
+    config = json.loads((run / "config.json").read_text())
+    records = read_jsonl(run / "metrics.jsonl")
+    metrics = json.loads((evaluation / "metrics.json").read_text())
+    train, data = config["train"], config["data"]["name"]
+    steps = max(r["step"] for r in records if "step" in r)
+    when = date or datetime.date.fromtimestamp((evaluation / "metrics.json").stat().st_mtime).isoformat()
+    torch = config.get("torch_version", "?").split("+")[0]
+    command = f"`{train_command(train)}`, then `{metrics.get('command') or 'tinydit eval ...'}`"
+    cells = [machine, config.get("precision", "?"), torch, when, str(train["seed"]), f"{steps:,}"]
+    if data == "shapes" and "shape_strict" in metrics:
+        kinds = " / ".join(f"{metrics[f'shape_strict_{k}']:.3g}" for k in KINDS)
+        cells += [f"**{metrics['shape_strict']:.3f}**", kinds]
+        table = "shapes"
+    elif data == "fashion-mnist":
+        cells += [f"**{metrics['fid_fmnist_cnn']:.3f}**", f"{metrics['n_samples']:,}"]
+        table = "fashion-mnist"
+    else:
+        raise SystemExit(f"{run}: a {data} run has no row in the tables (shapes class runs and Fashion-MNIST)")
+    return table, "| " + " | ".join([*cells, command]) + " |"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("pairs", nargs="+", metavar="RUN:EVAL", help="a run directory and its `tinydit eval --out`")
+    parser.add_argument("--machine", help="the CPU or GPU the run trained on (default: this machine's CPU)")
+    parser.add_argument("--date", help="the date of the measurement (default: the day metrics.json was written)")
+    args = parser.parse_args(argv)
+    machine = args.machine or this_machine()
+    rows: dict[str, list[str]] = {}
+    for pair in args.pairs:
+        run, sep, evaluation = pair.partition(":")
+        if not sep:
+            parser.error(f"{pair}: give RUN:EVAL, a run directory and the folder its evaluation was written to")
+        table, line = row(Path(run), Path(evaluation), machine, args.date)
+        rows.setdefault(table, []).append(line)
+    for table, lines in rows.items():
+        print(HEADERS[table])
+        print("\n".join(lines))
+        print()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""Every `tinydit` command the front door shows (README.md and docs/index.md) parses with the real parser.
+
+The commands are read from the pages' fenced bash blocks and handed to ``tinydit.cli.build_parser()``'s
+``parse_args``, without running them: a renamed or removed flag fails here, naming the page and line.
+"""
+
+import contextlib
+import io
+import shlex
+from pathlib import Path
+
+import pytest
+
+from tinydit.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = ("README.md", "docs/index.md")
+SHELL_FENCES = ("```bash", "```sh", "```shell")
+OPERATORS = {"&&", "||", ";", "|", "&"}
+
+
+def shell_lines(text: str) -> list[tuple[int, str]]:
+    """(line number, command line) of every fenced shell block, continuation lines joined."""
+    lines, in_block, pending, start = [], False, "", 0
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if stripped.startswith("```"):
+            in_block = not in_block and stripped in SHELL_FENCES
+            continue
+        if not in_block:
+            continue
+        if not pending:
+            start = number
+        if stripped.endswith("\\"):
+            pending += stripped[:-1].rstrip() + " "
+            continue
+        lines.append((start, pending + stripped))
+        pending = ""
+    return lines
+
+
+def tinydit_argvs(line: str) -> list[list[str]]:
+    """The argument lists of every `tinydit` call in one shell line: `tinydit ...`, `python -m tinydit
+    ...` and `torchrun ... -m tinydit -- ...`, split at &&, ||, ; and |; other programs are skipped."""
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    segments, current = [], []
+    for token in lexer:
+        if token in OPERATORS:
+            segments.append(current)
+            current = []
+        else:
+            current.append(token)
+    segments.append(current)
+    argvs = []
+    for words in segments:
+        while words and "=" in words[0] and not words[0].startswith("-"):  # VAR=value before the program
+            words = words[1:]
+        if words[:1] == ["tinydit"]:
+            argvs.append(words[1:])
+        elif "-m" in words and words[words.index("-m") + 1 : words.index("-m") + 2] == ["tinydit"]:
+            rest = words[words.index("-m") + 2 :]
+            argvs.append(rest[1:] if rest[:1] == ["--"] else rest)
+    return argvs
+
+
+def commands() -> list[tuple[str, list[str]]]:
+    """(page:line, argv) of every tinydit command on the front-door pages."""
+    found = []
+    for page in PAGES:
+        for number, line in shell_lines((ROOT / page).read_text()):
+            found += [(f"{page}:{number}", argv) for argv in tinydit_argvs(line)]
+    return found
+
+
+COMMANDS = commands()
+
+
+def parse_error(argv: list[str]) -> str | None:
+    """None if ``argv`` parses as a tinydit command line, else what argparse printed."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            build_parser().parse_args(argv)
+        except SystemExit as exit_:
+            if exit_.code:
+                return err.getvalue().strip().splitlines()[-1]
+    return None
+
+
+def test_the_front_door_shows_train_sample_and_eval_on_both_pages():
+    for page in PAGES:
+        shown = {argv[0] for where, argv in COMMANDS if where.startswith(f"{page}:") and argv}
+        assert {"train", "sample", "eval"} <= shown, f"{page} shows tinydit {sorted(shown)}"
+
+
+def test_readme_and_the_guide_home_show_the_same_commands():
+    by_page = {page: sorted(argv for where, argv in COMMANDS if where.startswith(f"{page}:")) for page in PAGES}
+    assert by_page["README.md"] == by_page["docs/index.md"]
+
+
+@pytest.mark.parametrize("where, argv", COMMANDS, ids=[where for where, _ in COMMANDS])
+def test_every_command_on_the_front_door_parses(where, argv):
+    error = parse_error(argv)
+    assert error is None, f"{where}: tinydit {shlex.join(argv)}\n{error}"
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("tinydit sample --pretrained shapes --out a.png", [["sample", "--pretrained", "shapes", "--out", "a.png"]]),
+    ("pip install -e . && tinydit train --data shapes --minutes 5  # five minutes",
+     [["train", "--data", "shapes", "--minutes", "5"]]),
+    ("torchrun --nproc_per_node 2 -m tinydit -- eval --n 10 --out e", [["eval", "--n", "10", "--out", "e"]]),
+    ("TINYDIT_OFFLINE=1 python -m tinydit presets", [["presets"]]),
+    ('tinydit sample --checkpoint c.pt --prompt "a red circle" --out p.png',
+     [["sample", "--checkpoint", "c.pt", "--prompt", "a red circle", "--out", "p.png"]]),
+    ("tensorboard --logdir runs/seen/tensorboard", []),
+], ids=["tinydit", "after-pip", "torchrun", "env-and-python-m", "quoted", "other-program"])  # fmt: skip
+def test_commands_are_read_from_shell_lines(line, expected):
+    assert tinydit_argvs(line) == expected
+
+
+def test_continuation_lines_are_joined():
+    text = "```bash\ntinydit sweep --checkpoint c.pt \\\n    --n 10 --out s\n```\n```python\ntinydit = 1\n```\n"
+    assert shell_lines(text) == [(2, "tinydit sweep --checkpoint c.pt --n 10 --out s")]
+
+
+def test_a_flag_that_does_not_exist_fails():
+    """The negative control: the check refuses what the real parser refuses."""
+    assert parse_error(["sample", "--pretrained", "shapes", "--no-such-flag"]) is not None
+    assert parse_error(["train", "--minutes", "five"]) is not None
+    assert parse_error(["sample", "--pretrained", "shapes", "--out", "a.png"]) is None
