@@ -14,11 +14,11 @@ from conftest import fast_config
 
 import tinydit.train.budget as budget_module
 import tinydit.train.trainer as trainer_module
-from tinydit.train.budget import PLAN_AT
-from tinydit.train.resolve import BUDGET_COOLDOWN_FRAC, resolve
 from tinydit.errors import TinyDiTError
 from tinydit.models.checkpoint import load_checkpoint
 from tinydit.train import Trainer
+from tinydit.train.budget import PLAN_AT
+from tinydit.train.resolve import BUDGET_COOLDOWN_FRAC, resolve
 
 KW = dict(steps=None, minutes=0.025, cooldown_frac=0.3, batch_size=8, limit=20, warmup=2, log_every=5, val_every=10**6)
 

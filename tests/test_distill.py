@@ -6,13 +6,13 @@ from conftest import fast_config
 
 from tinydit.cli import main
 from tinydit.config import TrainConfig
-from tinydit.train.resolve import resolve
 from tinydit.errors import TinyDiTError
 from tinydit.flow.distill import KNOTS, STUDENT_STEPS, distill_loss, distill_losses_by_steps, init_student
 from tinydit.flow.samplers import sample, sample_path
 from tinydit.models.checkpoint import load_model
 from tinydit.models.dit import DiT, DiTConfig
 from tinydit.train import Trainer
+from tinydit.train.resolve import resolve
 
 TINY = dict(img_size=8, in_channels=1, patch_size=4, dim=32, depth=1, n_heads=2, n_classes=3)
 DISTILL = dict(few_step="distill", distill_paths=24, teacher_steps=8, batch_size=8)

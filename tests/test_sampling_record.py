@@ -12,11 +12,11 @@ from conftest import fast_config
 
 from tinydit import api
 from tinydit.cli import main
-from tinydit.flow.samplers import check_sampler_args
-from tinydit.models.presets import MODEL_PRESETS
 from tinydit.errors import TinyDiTError
 from tinydit.flow.records import SAMPLING_DEFAULT, SAMPLING_KEYS, read_sampling_records, recommended_sampling
+from tinydit.flow.samplers import check_sampler_args
 from tinydit.models.checkpoint import load_checkpoint
+from tinydit.models.presets import MODEL_PRESETS
 from tinydit.train import Trainer
 
 HEUN = {"sampler": "heun", "steps": 3, "cfg_scale": 1.5, "grid": "uniform", "shift": None, "cfg_interval": [0.2, 0.9],

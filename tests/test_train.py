@@ -324,7 +324,8 @@ def test_batch_size_defaults_by_data_and_is_written_down(tmp_path):
 
     assert DEFAULT_BATCH_SIZES["shapes"] == 64
     assert resolve(TrainConfig()).batch_size == resolve(TrainConfig(data="shapes", model="mmdit")).batch_size == 64
-    assert resolve(TrainConfig(data="fashion-mnist")).batch_size == resolve(TrainConfig(data="cifar10")).batch_size == 128
+    assert resolve(TrainConfig(data="fashion-mnist")).batch_size == 128
+    assert resolve(TrainConfig(data="cifar10")).batch_size == 128
     assert resolve(TrainConfig(data=str(tmp_path))).batch_size == 128  # an image folder
     assert resolve(TrainConfig(batch_size=32)).batch_size == 32
     assert TrainConfig.from_dict(resolve(TrainConfig()).to_dict()).batch_size == 64

@@ -9,13 +9,13 @@ from conftest import fast_config
 from PIL import Image
 
 from tinydit.config import TrainConfig
-from tinydit.train.resolve import NOISEWARD_SHIFT, SHAPES_HOLDOUT, resolve
 from tinydit.data.text import BOS, PAD, holds_phrase, tokenizer_of
 from tinydit.errors import TinyDiTError
 from tinydit.models.checkpoint import load_checkpoint, load_model
 from tinydit.models.dit import DiT
 from tinydit.models.mmdit import MMDiT
 from tinydit.train import Trainer
+from tinydit.train.resolve import NOISEWARD_SHIFT, SHAPES_HOLDOUT, resolve
 
 MMDIT = dict(model="mmdit", preset="mmdit-0.2m")
 TEXT_DIT = dict(model="dit", preset="dit-0.2m", cond="text")
