@@ -18,6 +18,7 @@ from tinydit.errors import TinyDiTError
 from tinydit.files import append_line, write_text
 from tinydit.flow import distill
 from tinydit.flow.path import N_T_BINS
+from tinydit.models.dit import count_params
 from tinydit.progress import Progress
 from tinydit.version import __version__
 
@@ -70,40 +71,47 @@ class RunLog:
         if not self.quiet:
             print(message, file=sys.stderr)
 
-    def announce(self, step: int, out: Path, cfg, preset: str, data, params: int, device, compiled: bool) -> None:
+    def announce(self, trainer) -> None:
+        """The start-up lines of a ``tinydit.train.Trainer``'s run: what trains on what, or where it continues."""
+        cfg, data, device, step = trainer.cfg, trainer.data, trainer.device, trainer.run.step
         if step:
-            self.say(f"continuing {out} from step {step}")
+            self.say(f"continuing {trainer.out} from step {step}")
         else:
-            what = f"{preset}, text-conditioned," if cfg.cond == "text" else preset
+            what = f"{trainer.preset}, text-conditioned," if cfg.cond == "text" else trainer.preset
             held = f", {data.n_held_out} held out: {cfg.holdout}" if data.n_held_out else ""
-            ds = data.train_set
+            ds, params = data.train_set, count_params(trainer.run.model)
             self.say(f"training {what} ({params / 1e6:.2f}M parameters) on {data.name} ({len(ds)} images, "
-                     f"{ds.channels}x{ds.img_size}x{ds.img_size}{held}) on {device}; run directory {out}")
-        if compiled and cfg.compile == "auto" and device.type == "cpu":
+                     f"{ds.channels}x{ds.img_size}x{ds.img_size}{held}) on {device}; run directory {trainer.out}")
+        if trainer.compiled and cfg.compile == "auto" and device.type == "cpu":
             self.say(f"compiling the model: a CPU run of {cfg.minutes:g} minutes wins back the first minute it "
                      "takes (--compile off to skip)")
 
-    def write_config(self, cfg, preset: str, model_config, data, params: int, device, precision: str, compiled: bool,
-                     kernels: dict, processes: int) -> None:  # fmt: skip
-        """``config.json``: the resolved training and model config, what the run runs on (device, precision,
-        kernels, the number of processes), and versions; text runs add their tokenizer's sizes and hold-out."""
+    def write_config(self, trainer) -> None:
+        """``config.json`` of a ``tinydit.train.Trainer``'s run: the resolved training and model config, what
+        the run runs on (device, precision, kernels, the number of processes), and versions; text runs add
+        their tokenizer's sizes and hold-out."""
+        cfg, data, model_config = trainer.cfg, trainer.data, trainer.model_config
         text = None
         if data.tokenizer is not None:
             text = {"vocab_size": data.tokenizer.vocab_size, "text_len": data.tokenizer.max_len,
                     "holdout": list(cfg.held_out_phrases()), "held_out_images": data.n_held_out,
                     "grid_prompts": data.prompts}  # fmt: skip
-        resolved = {"train": {**cfg.to_dict(), "preset": preset}, "model_type": cfg.model,
+        resolved = {"train": {**cfg.to_dict(), "preset": trainer.preset}, "model_type": cfg.model,
                     "model": model_config.to_dict(),
                     "data": {"name": data.name, "classes": data.train_set.classes, "train_images": len(data.train_set)},
-                    "params": params, "device": str(device), "processes": processes, "precision": precision,
-                    "compile": compiled, "kernels": kernels, "tinydit_version": __version__,
+                    "params": count_params(trainer.run.model), "device": str(trainer.device),
+                    "processes": trainer.world.size, "precision": trainer.precision, "compile": trainer.compiled,
+                    "kernels": trainer.run.kernels(), "tinydit_version": __version__,
                     "torch_version": torch.__version__, **({"text": text} if text is not None else {})}  # fmt: skip
         write_text(self.path.parent / "config.json", json.dumps(resolved, indent=2) + "\n")
 
-    def report(self, step: int, minutes: float, val, val_ema, by_t, checkpoint: Path, samples, distilled: bool):
-        self.say(f"step {step}: val loss {val:.4f} (EMA {val_ema:.4f}) after {minutes:.1f} min; checkpoint "
-                 f"{checkpoint}, samples {samples}")  # fmt: skip
-        if distilled:
+    def report(self, trainer) -> None:
+        """The closing lines of a ``tinydit.train.Trainer``'s run: its validation losses and files."""
+        events, run = trainer.events, trainer.run
+        self.say(f"step {run.step}: val loss {events.val:.4f} (EMA {events.val_ema:.4f}) after "
+                 f"{run.train_seconds / 60:.1f} min; checkpoint {trainer.ckpt_path}, samples {events.samples}")
+        by_t = events.by_t
+        if trainer.teacher is not None:  # a distilled student: its losses by step count
             pairs = zip(distill.STUDENT_STEPS, by_t, strict=True)
             self.say("EMA val loss by step count: " + ", ".join(f"{n} steps {v:.4f}" for n, v in pairs))
         else:

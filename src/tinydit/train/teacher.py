@@ -141,13 +141,15 @@ class Distillation:
         self.paths: TeacherPaths | None = None
         self.val_paths: TeacherPaths | None = None
 
-    def prepare(self, out: Path, device, precision: str, world, log, step: int, progress: bool) -> None:
-        """Sample (rank 0) or read (the other ranks, and continuations) the run's paths, cached in ``out``."""
+    def prepare(self, trainer) -> None:
+        """Sample (rank 0) or read (the other ranks, and continuations) the paths of a ``tinydit.train.Trainer``'s
+        run, cached in its run directory."""
+        world, cache = trainer.world, trainer.out / "teacher_paths.pt"
         with world.main_first():
-            self.paths, self.val_paths = run_paths(self.cfg, self.state, out / "teacher_paths.pt", device, precision,
-                                                   progress and world.main)  # fmt: skip
-        log.record({"step": step, "teacher_paths": len(self.paths), "teacher_nfe": self.paths.nfe,
-                    "teacher_seconds": round(self.paths.seconds, 1)})  # fmt: skip
+            self.paths, self.val_paths = run_paths(self.cfg, self.state, cache, trainer.device, trainer.precision,
+                                                   trainer.progress and world.main)  # fmt: skip
+        trainer.log.record({"step": trainer.run.step, "teacher_paths": len(self.paths), "teacher_nfe": self.paths.nfe,
+                            "teacher_seconds": round(self.paths.seconds, 1)})  # fmt: skip
 
     def loss(self, forward, idx: torch.Tensor, device, precision: str, generator: torch.Generator) -> torch.Tensor:
         """The student's loss on the paths ``idx`` (this rank's share); no guidance dropout: the teacher's

@@ -27,7 +27,6 @@ from tinydit.flow.path import flow_loss, sample_t
 from tinydit.flow.records import recommended_sampling
 from tinydit.flow.shortcut import n_self_consistency, shortcut_loss
 from tinydit.models.checkpoint import load_checkpoint, unwrap
-from tinydit.models.dit import count_params
 from tinydit.runtime import autocast, resolve_device, resolve_precision
 from tinydit.train import optim
 from tinydit.train.budget import Budget, Clock
@@ -124,8 +123,7 @@ class Trainer:
         elif overwrite and main:
             (self.out / "metrics.jsonl").unlink(missing_ok=True)
         if self.teacher is not None:  # a student trains on its teacher's paths
-            self.teacher.prepare(self.out, self.device, self.precision, self.world, self.log, self.run.step,
-                                 self.progress)
+            self.teacher.prepare(self)
         n_train = len(self.teacher.paths) if self.teacher is not None else len(self.data.train_set)
         self.batch_size = min(cfg.batch_size, n_train)
         if self.batch_size % self.world.size:
@@ -134,8 +132,7 @@ class Trainer:
         self.order = BatchOrder(n_train, self.batch_size, cfg.seed)
         self.events = Events(self)
         if main:  # config.json: the resolved config and what the run runs on
-            self.log.write_config(self.cfg, self.preset, self.model_config, self.data, count_params(self.run.model),
-                                  self.device, self.precision, self.compiled, self.run.kernels(), self.world.size)
+            self.log.write_config(self)
 
     def state_dict(self) -> dict:
         """The checkpoint: everything needed to sample from the run or to continue it exactly."""
@@ -210,8 +207,7 @@ class Trainer:
         if budget.done(run.step, clock()):
             log.say(f"{self.out}: already trained to step {run.step}; raise --steps or --minutes to continue")
             return TrainResult(run.step, run.train_seconds, None, None, self.ckpt_path, None)
-        log.announce(run.step, self.out, cfg, self.preset, self.data, count_params(run.model), self.device,
-                     self.compiled)  # fmt: skip
+        log.announce(self)
         log.start(cfg.steps, run.step)
         run.model.train()
         events = self.events
@@ -244,7 +240,6 @@ class Trainer:
             events.finish(run.step)
             if cfg.report:
                 write_run_report(self.out)
-            log.report(run.step, run.train_seconds / 60, events.val, events.val_ema, events.by_t, self.ckpt_path,
-                       events.samples, self.teacher is not None)  # fmt: skip
+            log.report(self)
         world.barrier()  # every rank returns once the run's files are written
         return TrainResult(run.step, run.train_seconds, events.val, events.val_ema, self.ckpt_path, events.samples)
