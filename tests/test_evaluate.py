@@ -8,13 +8,13 @@ from conftest import fashion_mnist_available
 
 from tinydit.cli import main
 from tinydit.data import load_dataset
+from tinydit.data.samples import load_samples
 from tinydit.errors import TinyDiTError
 from tinydit.eval.evaluate import (
     _OfflineExtractor,
     add_noise,
     blur,
     evaluate,
-    load_samples,
     reference_features,
     to_eval_images,
 )

@@ -29,10 +29,10 @@ from torch.utils.data import Dataset
 from tinydit import distributed
 from tinydit.config import TrainConfig, check_seed
 from tinydit.data.datasets import load_dataset
-from tinydit.data.samples import check_output, write_samples
+from tinydit.data.samples import check_output, load_samples, write_samples
 from tinydit.data.text import tokenizer_of
 from tinydit.errors import TinyDiTError
-from tinydit.eval.evaluate import DEFAULT_CACHE, generate_for_eval, load_samples, to_eval_images
+from tinydit.eval.evaluate import DEFAULT_CACHE, generate_for_eval, to_eval_images
 from tinydit.eval.evaluate import evaluate as evaluate_images
 from tinydit.eval.report import write_report
 from tinydit.eval.run_report import write_run_report
@@ -156,6 +156,21 @@ def sample(
     out = check_output(out) if out is not None and world.main else None  # created once the checkpoint has loaded
     warn_if_untrained_settings(state, sampler, steps, cfg_scale, options.get("grid", "uniform"))
     forward = maybe_compile(model, resolve_compile(compile, device))
+    y, labels, names, nrow = _conditions(checkpoint, state, n, classes, prompts, unconditional, nrow)
+    started = time.perf_counter()
+    with autocast(device, precision):
+        res = generate(forward, y, steps=steps, cfg_scale=cfg_scale, seed=seed, sampler=sampler, progress=progress,
+                       world=world, **options)  # fmt: skip
+    x = res.x.float()
+    if out is not None:
+        write_samples(x, labels, out, names, nrow=nrow)
+    return Samples(x, labels, names, res.nfe, time.perf_counter() - started, out, settings, note)
+
+
+def _conditions(checkpoint, state: dict, n: int | None, classes, prompts, unconditional: bool, nrow: int | None):
+    """What ``sample`` draws each image of: (y, labels, names, nrow). Class models: labels (N,) of ``classes``
+    (default all, n = 64), a column each; text models: caption ids (P n, L) of ``prompts`` (default the run's
+    grid prompts, n = 8 each), a row each; ``unconditional``: the null label or the empty caption."""
     names, tokenizer = state["data"]["classes"], tokenizer_of(state)
     if tokenizer is None:
         if prompts:
@@ -167,22 +182,13 @@ def sample(
             names = [*names, "unconditional"]
         else:
             y = labels = resolve_labels(classes, names, n)
-        nrow = nrow or (len(names) if not (classes or unconditional) else min(8, n))
-    else:
-        if classes:
-            raise TinyDiTError(f"{checkpoint} is a text-to-image model: use `prompts`, not `classes`")
-        names = [""] if unconditional else list(prompts or state["data"]["prompts"])
-        n = 8 if n is None else n
-        y, labels = resolve_prompts(names, tokenizer, n, allow_empty=unconditional)  # (P n, L), (P n,): a row each
-        nrow = nrow or n
-    started = time.perf_counter()
-    with autocast(device, precision):
-        res = generate(forward, y, steps=steps, cfg_scale=cfg_scale, seed=seed, sampler=sampler, progress=progress,
-                       world=world, **options)  # fmt: skip
-    x = res.x.float()
-    if out is not None:
-        write_samples(x, labels, out, names, nrow=nrow)
-    return Samples(x, labels, names, res.nfe, time.perf_counter() - started, out, settings, note)
+        return y, labels, names, nrow or (len(names) if not (classes or unconditional) else min(8, n))
+    if classes:
+        raise TinyDiTError(f"{checkpoint} is a text-to-image model: use `prompts`, not `classes`")
+    names = [""] if unconditional else list(prompts or state["data"]["prompts"])
+    n = 8 if n is None else n
+    y, labels = resolve_prompts(names, tokenizer, n, allow_empty=unconditional)  # (P n, L), (P n,): a row each
+    return y, labels, names, nrow or n
 
 
 def evaluate(

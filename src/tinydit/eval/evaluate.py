@@ -23,16 +23,13 @@ from __future__ import annotations
 
 import hashlib
 import time
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
 
-from tinydit.data.datasets import IMG_EXTS, canonical_name, decode_folder, folder_signature, load_dataset
-from tinydit.data.samples import safe_name
+from tinydit.data.datasets import canonical_name, decode_folder, folder_signature, load_dataset
 from tinydit.data.shapes import RENDER_VERSION, SHAPES, caption
 from tinydit.data.text import class_captions, parse_phrases, tokenizer_of
 from tinydit.distributed import SINGLE, World
@@ -45,10 +42,10 @@ from tinydit.eval.shape_fit import strict_scores
 from tinydit.files import torch_save
 from tinydit.flow.distill import warn_if_untrained_settings
 from tinydit.flow.generate import class_cycle, generate, sampler_settings
-from tinydit.images import GRAY_MODES, to_rgb, to_uint8
+from tinydit.images import to_uint8
 from tinydit.models.checkpoint import load_model
 
-__all__ = ["EvalSpec", "eval_spec", "load_samples", "to_eval_images", "reference_images", "reference_features",
+__all__ = ["EvalSpec", "eval_spec", "to_eval_images", "reference_images", "reference_features",
            "evaluate", "eval_conditions", "generate_for_eval", "blur", "add_noise", "DEFAULT_CACHE"]  # fmt: skip
 
 DEFAULT_CACHE = Path.home() / ".cache" / "tinydit"
@@ -78,46 +75,6 @@ def eval_spec(data: str) -> EvalSpec:
         raise TinyDiTError(f"unknown reference {data!r}: use fashion-mnist, shapes, cifar10 or an image folder")
     digest = hashlib.sha1(repr((name, folder_signature(folder))).encode()).hexdigest()[:12]
     return EvalSpec(f"folder-{digest}", 3, 32, ((3, 32),), None)
-
-
-def load_samples(path: str | Path, classes: list[str] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
-    """Images (as stored) and labels (or None) from an .npz or a folder of images.
-
-    In a folder, a file named like ``00012_sneaker.png`` (as ``tinydit sample --out DIR`` writes)
-    carries its class name; labels are read only when every file has one of ``classes``.
-    """
-    path = Path(path)
-    if path.suffix == ".npz":
-        if not path.is_file():
-            raise TinyDiTError(f"samples file {path} does not exist")
-        try:
-            with np.load(path, allow_pickle=False) as npz:
-                if "images" not in npz:
-                    raise TinyDiTError(f"{path} has no 'images' array (found {', '.join(npz.files) or 'none'}); "
-                                       "save the samples as images=(N, C, H, W) uint8")
-                return npz["images"], (npz["labels"] if "labels" in npz else None)
-        except (zipfile.BadZipFile, ValueError, OSError, EOFError) as err:
-            raise TinyDiTError(f"{path} is not a readable .npz of arrays ({type(err).__name__}: {err})") from err
-    if not path.is_dir():
-        raise TinyDiTError(f"`samples` {path}: pass an .npz file or a folder of images")
-    files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMG_EXTS)
-    if not files:
-        raise TinyDiTError(f"no images in {path}")
-    arrays = []
-    for p in files:
-        with Image.open(p) as img:  # 16-bit, palette or RGBA files become plain 8-bit L or RGB pixels
-            rgb = to_rgb(img)
-            arrays.append(np.asarray(rgb.convert("L") if img.mode in GRAY_MODES else rgb))
-    if len({a.shape for a in arrays}) > 1:
-        raise TinyDiTError(f"the images in {path} have different sizes or modes; give all samples one size")
-    images = np.stack(arrays)  # (N, H, W) or (N, H, W, 3)
-    labels = None
-    if classes:
-        lookup = {safe_name(c): i for i, c in enumerate(classes)}
-        names = [p.stem.partition("_")[2].lower() for p in files]
-        if all(n in lookup for n in names):
-            labels = np.array([lookup[n] for n in names], dtype=np.int64)
-    return images, labels
 
 
 def to_eval_images(images: np.ndarray | torch.Tensor, data: str | EvalSpec) -> torch.Tensor:
@@ -219,18 +176,7 @@ def evaluate(
     if fake.shape[0] < MIN_SAMPLES:
         raise TinyDiTError(f"{fake.shape[0]} samples are too few to evaluate; give at least {MIN_SAMPLES} "
                            "(FID is only comparable at equal N, 10000 is customary)")
-    y = None
-    if labels is not None:
-        labels = np.asarray(labels)
-        if not np.issubdtype(labels.dtype, np.integer):
-            raise TinyDiTError(f"labels have dtype {labels.dtype}: give integer class ids")
-        y = torch.as_tensor(labels, dtype=torch.int64).reshape(-1)  # (N,)
-        if y.shape[0] != fake.shape[0]:
-            raise TinyDiTError(f"{y.shape[0]} labels for {fake.shape[0]} samples; give one label per sample")
-        n_classes = len(load_dataset(data, train=False, root=root, limit=1).classes) if spec.feature_net else None
-        if n_classes is not None and (int(y.min()) < 0 or int(y.max()) >= n_classes):
-            raise TinyDiTError(f"labels range over {int(y.min())}..{int(y.max())}, but {data} has classes "
-                               f"0..{n_classes - 1}; give each sample's class id")  # fmt: skip
+    y = None if labels is None else _checked_labels(labels, len(fake), data, spec, root)  # (N,)
     if spec.feature_net is None and not (inception or inception_weights):
         raise TinyDiTError(f"no offline feature network for {data}: offline metrics exist for fashion-mnist and "
                            "shapes; use `inception` (or `inception_weights` PATH) for Inception FID")
@@ -265,6 +211,21 @@ def evaluate(
     out.update(n_samples=int(fake.shape[0]), data=canonical_name(data), split=split, feature_nets=nets,
                eval_seconds=time.perf_counter() - started)  # fmt: skip
     return out
+
+
+def _checked_labels(labels, n: int, data: str, spec, root) -> torch.Tensor:
+    """``labels`` as int64 (N,), one integer class id of ``data`` per sample."""
+    labels = np.asarray(labels)
+    if not np.issubdtype(labels.dtype, np.integer):
+        raise TinyDiTError(f"labels have dtype {labels.dtype}: give integer class ids")
+    y = torch.as_tensor(labels, dtype=torch.int64).reshape(-1)  # (N,)
+    if y.shape[0] != n:
+        raise TinyDiTError(f"{y.shape[0]} labels for {n} samples; give one label per sample")
+    n_classes = len(load_dataset(data, train=False, root=root, limit=1).classes) if spec.feature_net else None
+    if n_classes is not None and (int(y.min()) < 0 or int(y.max()) >= n_classes):
+        raise TinyDiTError(f"labels range over {int(y.min())}..{int(y.max())}, but {data} has classes "
+                           f"0..{n_classes - 1}; give each sample's class id")  # fmt: skip
+    return y
 
 
 def eval_conditions(state: dict, n: int) -> tuple[torch.Tensor, torch.Tensor, list[dict] | None]:

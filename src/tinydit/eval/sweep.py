@@ -98,17 +98,9 @@ def run_sweep(
     command: str | None = None,
 ) -> list[dict]:
     """Generate and score every combination (see the module docstring); returns the rows."""
-
     grid = "uniform" if grid is None else grid
     options = {"grid": grid, "shift": shift, "cfg_interval": cfg_interval}
-    points = sweep_points(samplers, steps, cfgs, tols)
-    for point in points:  # every setting is checked before the first sample is drawn
-        _settings_of(_sampler_kwargs(point, options))
-    if batch_size < 1:
-        raise TinyDiTError(f"`batch_size` must be >= 1, got {batch_size}")
-    if n < MIN_SAMPLES:
-        raise TinyDiTError(f"`n` {n} is too few samples to score; give at least {MIN_SAMPLES} (1000 or more "
-                           "for FIDs that differ by more than their noise)")  # fmt: skip
+    points = _checked_points(sweep_points(samplers, steps, cfgs, tols), options, n, batch_size)
     out = Path(out)
     model, state = load_model(checkpoint, ema=ema, map_location=device)
     data = state["data"]["name"]
@@ -134,19 +126,36 @@ def run_sweep(
             bar.update()
             continue
         kwargs = _sampler_kwargs(point, options)
-        started = time.perf_counter()
-        res = generate(model, y, seed=seed, batch_size=batch_size, **kwargs)
-        seconds = time.perf_counter() - started
-        metrics = evaluate(res.x, labels, data, split=split, root=root, cache_dir=cache_dir)
-        scores = {k: v for k, v in metrics.items() if not isinstance(v, dict)}
-        rows.append({**point, "nfe": res.nfe, **scores, "sample_seconds": seconds,
-                     "feature_net": next(iter(metrics["feature_nets"])),
-                     "sampler_settings": _settings_of(kwargs)})  # fmt: skip
+        rows.append(_score_point(model, y, labels, point, kwargs, seed, batch_size, data, split, root, cache_dir))
         write_sweep(out, settings, rows, command)
         bar.update()
     bar.close()
     write_sweep(out, settings, rows, command)
     return rows
+
+
+def _score_point(model, y, labels, point: dict, kwargs: dict, seed: int, batch_size: int, data: str, split: str,
+                 root, cache_dir) -> dict:  # fmt: skip
+    """One row of the sweep: ``point``'s samples (the sampler's ``kwargs``) scored with the offline metrics."""
+    started = time.perf_counter()
+    res = generate(model, y, seed=seed, batch_size=batch_size, **kwargs)
+    seconds = time.perf_counter() - started
+    metrics = evaluate(res.x, labels, data, split=split, root=root, cache_dir=cache_dir)
+    scores = {k: v for k, v in metrics.items() if not isinstance(v, dict)}
+    return {**point, "nfe": res.nfe, **scores, "sample_seconds": seconds,
+            "feature_net": next(iter(metrics["feature_nets"])), "sampler_settings": _settings_of(kwargs)}
+
+
+def _checked_points(points: list[dict], options: dict, n: int, batch_size: int) -> list[dict]:
+    """``points``, once every setting and the sample count are checked, before the first sample is drawn."""
+    for point in points:
+        _settings_of(_sampler_kwargs(point, options))
+    if batch_size < 1:
+        raise TinyDiTError(f"`batch_size` must be >= 1, got {batch_size}")
+    if n < MIN_SAMPLES:
+        raise TinyDiTError(f"`n` {n} is too few samples to score; give at least {MIN_SAMPLES} (1000 or more "
+                           "for FIDs that differ by more than their noise)")  # fmt: skip
+    return points
 
 
 def _previous_rows(path: Path, settings: dict) -> dict[str, dict]:
