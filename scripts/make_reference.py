@@ -42,11 +42,15 @@ def main() -> None:
     p.add_argument("--check-steps", type=int, default=None,
                    help="sampler steps of the check (default: the recorded settings' own)")
     p.add_argument("--check-only", action="store_true", help="record the check again, keep the folder as it is")
+    p.add_argument("--card-only", action="store_true",
+                   help="write the model card (README.md) again from config.json, after a change to its template")
     p.add_argument("--metrics", default=None, help="an evaluation of this export already made (metrics.json)")
     args = p.parse_args()
-    if not args.check_only and not (args.checkpoint and args.about):
-        p.error("give the run's checkpoint.pt and --about (or --check-only)")
+    if not (args.check_only or args.card_only) and not (args.checkpoint and args.about):
+        p.error("give the run's checkpoint.pt and --about (or --check-only, or --card-only)")
     folder = REFERENCE / args.name
+    if args.card_only:
+        return _write_card(folder)
     with tempfile.TemporaryDirectory() as tmp:
         if args.check_only:
             return _record_check(folder, args.check_n, args.check_steps)
@@ -58,6 +62,20 @@ def main() -> None:
             metrics = Path(tmp) / "eval" / "metrics.json"
         api.export(args.checkpoint, "safetensors", folder, dtype="bfloat16", metrics=metrics, about=args.about)
     _record_check(folder, args.check_n, args.check_steps)
+
+
+def _write_card(folder: Path) -> None:
+    """The card written again from the folder's config.json and its weights' parameter count."""
+    import math
+
+    from safetensors import safe_open
+
+    from tinydit.models.pretrained import CARD, WEIGHTS, model_card
+
+    with safe_open(folder / WEIGHTS, "pt") as f:
+        n_params = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+    (folder / CARD).write_text(model_card(json.loads((folder / CONFIG).read_text()), n_params))
+    print(folder / CARD)
 
 
 def _record_check(folder: Path, n: int, steps: int | None) -> None:

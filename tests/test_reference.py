@@ -28,6 +28,10 @@ def test_the_package_ships_the_fashion_mnist_reference_model():
     assert "fashion-mnist" in reference_models()
 
 
+def test_the_package_ships_the_text_to_image_reference_model():
+    assert "shapes-text" in reference_models()
+
+
 @pytest.mark.parametrize("name", reference_models())
 def test_a_reference_model_measures_what_its_card_says(name):
     folder = reference_folder(name)
@@ -49,7 +53,7 @@ def test_sample_pretrained_draws_without_training_and_an_unknown_name_is_exit_2(
     assert out.is_file()
     assert main(["sample", "--pretrained", "cifar-giant", "--n", "4", "--out", str(tmp_path / "t.png")]) == 2
     err = capsys.readouterr().err
-    assert "unknown --pretrained model 'cifar-giant': this tinydit ships fashion-mnist, shapes" in err
+    assert "unknown --pretrained model 'cifar-giant': this tinydit ships fashion-mnist, shapes, shapes-text" in err
     assert not (tmp_path / "t.png").exists()
     model = api.from_pretrained(reference_folder("shapes"))
     assert not model.training and next(model.parameters()).dtype == torch.float32  # bf16 weights, loaded as fp32

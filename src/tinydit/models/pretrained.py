@@ -169,23 +169,25 @@ def model_card(config: dict, n_params: int) -> str:
     metrics = config.get("metrics")
     train, data, model = config.get("train_config") or {}, config.get("data") or {}, config.get("model_config") or {}
     name = train.get("preset") or config.get("model_type", "dit")
-    sampling = config.get("sampling") or {}
+    sampling, text = config.get("sampling") or {}, model.get("cond") == "text"
+    kind = {"dit": "DiT", "mmdit": "MMDiT"}.get(config.get("model_type", "dit"), config.get("model_type"))
+    drawn = '--prompt "a red circle on a blue background" --n 8' if text else "--n 64"
     budget = (f"{train['minutes']:g} minutes" if train.get("minutes") else f"{train.get('steps')} steps")
     minutes = (config.get("train_seconds") or 0) / 60
     lines = [
         f"# TinyDiT {name} on {data.get('name', '?')}", "",
-        f"A flow-matching {config.get('model_type', 'dit').upper()} ({n_params:,} parameters) that draws "
+        f"A flow-matching {kind} ({n_params:,} parameters) that draws "
         f"{data.get('channels', '?')}x{data.get('img_size', '?')}x{data.get('img_size', '?')} images of "
         f"{data.get('name', '?')}, conditioned on "
-        + ("a caption." if model.get("cond") == "text" else f"a class ({', '.join(data.get('classes') or [])})."),
+        + ("a caption." if text else f"a class ({', '.join(data.get('classes') or [])})."),
         "", "## Use", "",
         "```bash",
         "pip install -e .   # in a clone of the TinyDiT repository",
-        "tinydit sample --checkpoint THIS_FOLDER --n 64 --out samples.png",
+        f"tinydit sample --checkpoint THIS_FOLDER {drawn} --out samples.png",
         "```", "",
         "```python",
         "import tinydit",
-        "model = tinydit.from_pretrained(\"THIS_FOLDER\")  # the DiT, in eval mode; or api.sample(\"THIS_FOLDER\", 64)",
+        f"model = tinydit.from_pretrained(\"THIS_FOLDER\")  # the {kind}, in eval mode; or api.sample(\"THIS_FOLDER\")",
         "```", "",
         f"Time convention: {config.get('time', TIME_CONVENTION)}.", "",
         "## Training", "",
