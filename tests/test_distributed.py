@@ -270,9 +270,13 @@ def test_evaluation_split_over_ranks_scores_what_one_process_scores(runs, tmp_pa
 
 def test_a_time_budget_with_a_planned_cooldown_ends_every_rank_at_one_step(tmp_path):
     """Rank 0's clock and plan decide for all: ranks that disagreed would wait for each other forever
-    (the test's timeout), or one would leave the others behind in a collective."""
+    (the test's timeout), or one would leave the others behind in a collective. The run ends at the plan's
+    last step, or, where the rate fell by more than the plan's margin after planning (a loaded machine:
+    the suite's other workers), at the clock, during the cool-down; never before the plan was made."""
     out = tmp_path / "run"
     _run(_torchrun(2, "train", *FLAGS, "--minutes", 0.15, "--cooldown-frac", 0.3, "--out", out), timeout=120)
     state = _state(out)
-    assert state["plan"] is not None and state["step"] == state["plan"]["steps"]
+    plan, step = state["plan"], state["step"]
+    assert plan is not None and plan["planned_at"] < step <= plan["steps"]
+    assert step == plan["steps"] or state["train_seconds"] >= 0.15 * 60, (step, plan, state["train_seconds"])
     assert '"plan"' in (out / "metrics.jsonl").read_text()
