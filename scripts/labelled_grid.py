@@ -21,7 +21,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from tinydit import api  # noqa: E402
+from tinydit.data.text import tokenizer_of  # noqa: E402
 from tinydit.images import to_uint8  # noqa: E402
+from tinydit.models.checkpoint import load_checkpoint  # noqa: E402
 from tinydit.models.pretrained import reference_folder, reference_models  # noqa: E402
 
 
@@ -35,8 +37,8 @@ def main() -> None:
     p.add_argument("--out", required=True, help="the figure (.png)")
     args = p.parse_args()
     source = reference_folder(args.checkpoint) if args.checkpoint in reference_models() else Path(args.checkpoint)
-    state = api.load_model(source)[1]
-    text = state.get("tokenizer") is not None
+    state = load_checkpoint(source)  # what kind of model, and its classes: the model is built by api.sample
+    text = tokenizer_of(state) is not None
     if text:
         res = api.sample(source, args.per_class, prompts=args.prompt, seed=args.seed)
     else:
@@ -62,7 +64,7 @@ def main() -> None:
         fig.suptitle(args.title, fontsize=9)
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)
-    print(f"{args.out}: {res.note}" if getattr(res, "note", "") else args.out)
+    print(f"{args.out}: {res.note}")
 
 
 if __name__ == "__main__":

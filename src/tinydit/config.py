@@ -172,12 +172,11 @@ class TrainConfig:
             raise TinyDiTError(f"`minutes` must be > 0, got {self.minutes}")
         if self.cooldown < 0:
             raise TinyDiTError(f"`cooldown` must be >= 0, got {self.cooldown}")
-        if self.cooldown and self.minutes is not None and self.steps is None:
+        # A time budget without `steps` has no steps to fall over; neither given, the resolve step's 2000 are checked.
+        no_steps = self.steps is None and self.minutes is not None
+        if self.cooldown and (no_steps or self.cooldown > (self.steps or math.inf)):
             raise TinyDiTError(f"`cooldown` {self.cooldown} is a fall over the last {self.cooldown} of `steps`: give "
-                               f"`steps` of at least {self.cooldown} (got none)")  # fmt: skip
-        if self.cooldown and self.cooldown > (self.steps or math.inf):
-            raise TinyDiTError(f"`cooldown` {self.cooldown} is a fall over the last {self.cooldown} of `steps`: give "
-                               f"`steps` of at least {self.cooldown} (got {self.steps})")  # fmt: skip
+                               f"`steps` of at least {self.cooldown} (got {self.steps or 'none'})")  # fmt: skip
         if self.cooldown_frac is None:
             return
         if not 0 <= self.cooldown_frac <= MAX_COOLDOWN_FRAC:

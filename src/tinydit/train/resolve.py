@@ -1,7 +1,8 @@
 """A run's configuration resolved once: every ``None`` default of a ``TrainConfig`` filled from the data
-set and the model type, and every name checked against the table of its owner (the presets and the
-architecture switches in ``tinydit.models.presets``, the samplers in ``tinydit.flow.samplers``, the
-training times in ``tinydit.flow.path``, the data sets in ``tinydit.data.names``).
+set and the model type, and its names checked against the table of their owner (the model types and
+presets in ``tinydit.models.presets``, a teacher's sampler in ``tinydit.flow.samplers``, the training
+times in ``tinydit.flow.path``; the data set is named by ``tinydit.data.names``). The architecture
+switches are checked where the model's config is built (``tinydit.models.dit_config``).
 
 ``resolve(cfg)`` returns a new config and never changes ``cfg``; resolving a resolved config returns an
 equal one, so a run continued from its stored config resolves to what it ran with.
