@@ -175,6 +175,10 @@ def test_the_web_page_draws_what_the_python_sampler_draws(name, tmp_path):
             "interval": [0.1, 0.9]}  # fmt: skip
     (folder / "case.json").write_text(json.dumps(case))
     want = to_uint8(onnx.sample(noise, y, steps=5, cfg_scale=2.0, sampler="heun", cfg_interval=(0.1, 0.9)))
+    # The page's controls start from the recorded settings, Euler standing in for a sampler it does not run.
+    meta_file = folder / "model.json"
+    record = {"sampler": "ancestral", "steps": 7, "cfg_scale": 50.0, "cfg_interval": [0.8, 1.0], "eta": 1.0}
+    meta_file.write_text(json.dumps({**json.loads(meta_file.read_text()), "sampler": record}))
 
     posted, done = [], threading.Event()
 
@@ -206,3 +210,4 @@ def test_the_web_page_draws_what_the_python_sampler_draws(name, tmp_path):
     assert result["errors"] == []
     got = np.array(result["pixels"], dtype=int).reshape(want.shape)
     assert np.abs(got - want.astype(int)).max() <= 1  # within one uint8 level of the Python sampler
+    assert result["defaults"] == {"sampler": "euler", "steps": 7, "cfg": 50, "interval": [0.8, 1.0]}

@@ -1,4 +1,4 @@
-// TinyDiT's sampler in the browser: Euler or Heun on the uniform time grid, classifier-free guidance,
+// TinyDiT's sampler in the browser: Euler or Heun on the uniform time grid, guidance inside an interval of t,
 // the model (model.onnx) run by onnxruntime-web. It follows tinydit.export.ort_sampler step for step.
 // Test mode, index.html?test=case.json: the initial noise and settings come from the file, and the
 // result is posted back to /result (the test's server) instead of only being drawn.
@@ -93,6 +93,27 @@ function draw(meta, x) {
   $("canvas").getContext("2d").putImageData(img, 0, 0);
 }
 
+const PAGE_SAMPLERS = ["euler", "heun"];
+
+// The controls' first values: the sampler settings the checkpoint records (tinydit sample's defaults), with
+// Euler in place of a recorded sampler this page does not run (its steps, guidance and interval kept).
+function pageDefaults(record) {
+  const [lo, hi] = record.cfg_interval || [0, 1];
+  const sampler = PAGE_SAMPLERS.includes(record.sampler) ? record.sampler : "euler";
+  return { sampler, steps: record.steps, cfg: record.cfg_scale, lo, hi };
+}
+
+function recordNote(record) {
+  if (PAGE_SAMPLERS.includes(record.sampler)) return "";
+  return `The checkpoint records the ${record.sampler} sampler, which this page does not run: it starts from ` +
+    "Euler with the recorded steps, guidance and interval, which draws less well.";
+}
+
+function controls() {
+  return { sampler: $("sampler").value, steps: +$("steps").value, cfg: +$("cfg").value,
+           interval: [+$("lo").value, +$("hi").value] };
+}
+
 async function main() {
   ort.env.wasm.numThreads = 1;  // python -m http.server sends no cross-origin isolation headers
   const meta = await (await fetch("model.json")).json();
@@ -107,22 +128,25 @@ async function main() {
     $("class-label").hidden = true; $("prompt-label").hidden = false;
     $("prompt").value = (meta.prompts && meta.prompts[0]) || "";
   }
-  $("steps").value = meta.sampler.steps; $("cfg").value = meta.sampler.cfg_scale;
+  const defaults = pageDefaults(meta.sampler);
+  for (const [id, value] of Object.entries(defaults)) $(id).value = value;
+  $("record").textContent = recordNote(meta.sampler);
   const condition = (prompt, label) => meta.cond === "class"
     ? [BigInt64Array.of(BigInt(label)), BigInt64Array.of(BigInt(meta.n_classes))]
     : [BigInt64Array.from(encode(meta, prompt), BigInt), BigInt64Array.from(encode(meta, ""), BigInt)];
   const test = new URLSearchParams(location.search).get("test");
-  if (test) {  // the browser test: given noise and settings, post the image back
+  if (test) {  // the browser test: given noise and settings, post the image and the page's defaults back
     const c = await (await fetch(test)).json();
     const [y, null_] = condition(c.prompt, c.label);
     const x = await sampler.sample(Float32Array.from(c.noise), y, null_, c, (i, xi) => draw(meta, xi));
-    await fetch("/result", { method: "POST", body: JSON.stringify({ pixels: Array.from(toBytes(x)), errors }) });
+    const body = { pixels: Array.from(toBytes(x)), defaults: controls(), errors };
+    await fetch("/result", { method: "POST", body: JSON.stringify(body) });
     return;
   }
   $("go").disabled = false;
   $("go").onclick = async () => {
     $("go").disabled = true;
-    const settings = { steps: +$("steps").value, cfg: +$("cfg").value, sampler: $("sampler").value, interval: null };
+    const settings = controls();
     const [y, null_] = condition($("prompt").value, +$("class").value);
     const noise = gaussian(+$("seed").value, meta.image.channels * size * size);
     let total = 0;
