@@ -22,6 +22,9 @@ from tinydit.data.text import Tokenizer
 from tinydit.export import ORT_WEB_FILES, export, find_ort_web
 from tinydit.export.ort_sampler import OnnxSampler, to_uint8
 from tinydit.flow.generate import generate
+from tinydit.flow.grids import uniform_grid
+from tinydit.flow.guidance import Velocity
+from tinydit.flow.samplers import ancestral
 from tinydit.images import to_uint8 as torch_to_uint8
 from tinydit.models.checkpoint import load_model
 from tinydit.models.dit import DiTConfig
@@ -107,6 +110,26 @@ def test_the_torch_free_sampler_draws_what_tinydit_sample_draws(name, sampler, o
     assert np.array_equal(to_uint8(ref.numpy()), torch_to_uint8(ref).numpy())  # the same rounding
 
 
+def test_the_torch_free_ancestral_sampler_draws_what_tinydit_draws_from_the_same_noise(tmp_path):
+    ckpt = FIXTURES / "dit-0.2m.pt"
+    model, _ = load_model(ckpt)
+    onnx = OnnxSampler(str(export(ckpt, "onnx", tmp_path / "m.onnx")))
+    y = torch.arange(8) % model.config.n_classes
+    noise = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    field = Velocity(model, y, cfg_scale=2.5, cfg_interval=(0.1, 0.8))
+    with torch.no_grad():
+        ref = ancestral(field, noise, uniform_grid(6), eta=1.0, generator=torch.Generator().manual_seed(4))
+    steps_noise = torch.Generator().manual_seed(4)  # the same stream, drawn in the same order
+    x = onnx.sample(noise.numpy(), y.numpy(), steps=6, cfg_scale=2.5, sampler="ancestral", cfg_interval=(0.1, 0.8),
+                    eta=1.0, fresh=lambda i: torch.randn(noise.shape, generator=steps_noise).numpy())  # fmt: skip
+    assert np.abs(to_uint8(x).astype(int) - torch_to_uint8(ref).numpy().astype(int)).max() <= 1
+    euler = onnx.sample(noise.numpy(), y.numpy(), steps=6, cfg_scale=2.5, sampler="euler", cfg_interval=(0.1, 0.8))
+    no_fresh = onnx.sample(noise.numpy(), y.numpy(), steps=6, cfg_scale=2.5, sampler="ancestral",
+                           cfg_interval=(0.1, 0.8), eta=0.0)  # fmt: skip
+    assert np.abs(no_fresh - euler).max() < 1e-4  # eta 0 is Euler's step
+    assert np.abs(to_uint8(x).astype(int) - to_uint8(euler).astype(int)).max() > 10  # eta 1 is not
+
+
 def test_the_sampler_runs_where_torch_cannot_be_imported(tmp_path):
     path = export(FIXTURES / "dit-0.2m.pt", "onnx", tmp_path / "m.onnx")
     script = tmp_path / "run.py"
@@ -171,13 +194,17 @@ def test_the_web_page_draws_what_the_python_sampler_draws(name, tmp_path):
     noise = np.random.default_rng(5).standard_normal((1, 3, 32, 32)).astype(np.float32)
     prompt = "a yellow cross on a black background"
     y = np.array([2]) if meta["cond"] == "class" else onnx.encode([prompt])
-    case = {"noise": noise.ravel().tolist(), "label": 2, "prompt": prompt, "steps": 5, "cfg": 2.0, "sampler": "heun",
-            "interval": [0.1, 0.9]}  # fmt: skip
+    # The class model samples ancestrally, with the fresh noise of each step given; the text model by Heun.
+    sampler = "ancestral" if meta["cond"] == "class" else "heun"
+    fresh = np.random.default_rng(6).standard_normal((5, *noise.shape)).astype(np.float32)
+    case = {"noise": noise.ravel().tolist(), "label": 2, "prompt": prompt, "steps": 5, "cfg": 2.0, "sampler": sampler,
+            "interval": [0.1, 0.9], "eta": 1.0, "fresh": [f.ravel().tolist() for f in fresh]}  # fmt: skip
     (folder / "case.json").write_text(json.dumps(case))
-    want = to_uint8(onnx.sample(noise, y, steps=5, cfg_scale=2.0, sampler="heun", cfg_interval=(0.1, 0.9)))
+    want = to_uint8(onnx.sample(noise, y, steps=5, cfg_scale=2.0, sampler=sampler, cfg_interval=(0.1, 0.9), eta=1.0,
+                                fresh=lambda i: fresh[i]))  # fmt: skip
     # The page's controls start from the recorded settings, Euler standing in for a sampler it does not run.
     meta_file = folder / "model.json"
-    record = {"sampler": "ancestral", "steps": 7, "cfg_scale": 50.0, "cfg_interval": [0.8, 1.0], "eta": 1.0}
+    record = {"sampler": "dopri5", "steps": 7, "cfg_scale": 50.0, "cfg_interval": [0.8, 1.0], "eta": 0.5}
     meta_file.write_text(json.dumps({**json.loads(meta_file.read_text()), "sampler": record}))
 
     posted, done = [], threading.Event()
@@ -210,4 +237,4 @@ def test_the_web_page_draws_what_the_python_sampler_draws(name, tmp_path):
     assert result["errors"] == []
     got = np.array(result["pixels"], dtype=int).reshape(want.shape)
     assert np.abs(got - want.astype(int)).max() <= 1  # within one uint8 level of the Python sampler
-    assert result["defaults"] == {"sampler": "euler", "steps": 7, "cfg": 50, "interval": [0.8, 1.0]}
+    assert result["defaults"] == {"sampler": "euler", "steps": 7, "cfg": 50, "interval": [0.8, 1.0], "eta": 0.5}

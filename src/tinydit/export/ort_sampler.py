@@ -4,7 +4,8 @@ This file imports nothing of tinydit or torch, so it can be copied beside a ``mo
 ``tinydit export --format onnx`` and used anywhere onnxruntime runs. It follows ``tinydit sample``
 exactly (the time convention t = 1 noise -> t = 0 data, Euler and Heun on the uniform grid, classifier-
 free guidance inside an interval of t), so from the same initial noise it draws the same images, to
-within float rounding (tests/test_export.py checks one uint8 level).
+within float rounding (tests/test_export.py checks one uint8 level). Its ancestral sampler does the same
+given the same noise at every step (``fresh``).
 
     sampler = OnnxSampler("model.onnx")
     x = sampler.sample(noise, y, steps=16, cfg_scale=2.0, sampler="heun", cfg_interval=(0.1, 0.8))
@@ -14,6 +15,7 @@ within float rounding (tests/test_export.py checks one uint8 level).
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import numpy as np
@@ -67,6 +69,18 @@ class OnnxSampler:
         v_cond, v_uncond = v[:n], v[n:]
         return v_uncond + np.float32(cfg_scale) * (v_cond - v_uncond)
 
+    @staticmethod
+    def _ancestral_step(x, v, t, t_next, eta, fresh, i):
+        """x at t_next from x and v at t: the predictions x0 and eps put back at t_next with part of the
+        noise drawn afresh (s of it; eta 1: DDPM's posterior noise, 0: none)."""
+        x0, eps = x - np.float32(t) * v, x + np.float32(1.0 - t) * v
+        if t_next <= 0.0:
+            return x0
+        r = (1.0 - t) * t_next / ((1.0 - t_next) * t)
+        s = eta * t_next * math.sqrt(max(0.0, 1.0 - r * r))
+        keep = np.float32(math.sqrt(max(0.0, t_next**2 - s**2)))
+        return np.float32(1.0 - t_next) * x0 + keep * eps + np.float32(s) * fresh(i)
+
     def _v(self, x, t, y, d):
         feed = {"x": x.astype(np.float32), "t": t, "y": y.astype(np.int64)}
         if self.meta["shortcut"]:
@@ -74,10 +88,19 @@ class OnnxSampler:
         return self.session.run(None, feed)[0]
 
     def sample(self, noise: np.ndarray, y: np.ndarray, steps: int = 32, cfg_scale: float = 2.0,
-               sampler: str = "euler", cfg_interval: tuple[float, float] | None = None, on_step=None) -> np.ndarray:
-        """From noise (N, C, H, W) at t = 1 to images at t = 0. ``on_step(i, x)`` sees every step."""
-        if sampler not in ("euler", "heun"):
-            raise ValueError(f"sampler {sampler!r}: this sampler runs euler or heun")
+               sampler: str = "euler", cfg_interval: tuple[float, float] | None = None, on_step=None,
+               eta: float = 1.0, fresh=None) -> np.ndarray:
+        """From noise (N, C, H, W) at t = 1 to images at t = 0. ``on_step(i, x)`` sees every step.
+
+        ``ancestral`` (DDIM's eta family on the straight path, as ``tinydit.flow.samplers.ancestral``) draws
+        fresh noise at every step but the last: ``fresh(i)`` returns step i's (N, C, H, W) normal noise
+        (default: numpy's, seeded 0). Its noise is not torch's, so it draws other images than ``tinydit
+        sample`` from the same initial noise; at eta 0 it is Euler."""
+        if sampler not in ("euler", "heun", "ancestral"):
+            raise ValueError(f"sampler {sampler!r}: this sampler runs euler, heun or ancestral")
+        if fresh is None:
+            rng = np.random.default_rng(0)
+            fresh = lambda i: rng.standard_normal(noise.shape).astype(np.float32)  # noqa: E731
         lo, hi = (0.0, 1.0) if cfg_interval is None else cfg_interval
         ts = np.linspace(1.0, 0.0, steps + 1)  # the uniform grid, float64 as in tinydit.flow.grids
         ts[0], ts[-1] = 1.0, 0.0
@@ -87,7 +110,9 @@ class OnnxSampler:
             dt = t_next - t
             v = self.velocity(x, t, y, cfg_scale, lo <= t <= hi, d=-dt if sampler == "euler" else 0.0)
             x_pred = x + np.float32(dt) * v
-            if sampler == "heun" and t_next > 0:  # the trapezoidal corrector; the last step stays Euler
+            if sampler == "ancestral":
+                x = self._ancestral_step(x, v, t, t_next, eta, fresh, i)
+            elif sampler == "heun" and t_next > 0:  # the trapezoidal corrector; the last step stays Euler
                 v2 = self.velocity(x_pred, t_next, y, cfg_scale, lo <= t_next <= hi)
                 x = x + np.float32(dt) * np.float32(0.5) * (v + v2)
             else:

@@ -1,4 +1,4 @@
-// TinyDiT's sampler in the browser: Euler or Heun on the uniform time grid, guidance inside an interval of t,
+// TinyDiT's sampler in the browser: Euler, Heun or ancestral on the uniform time grid, guidance in an interval,
 // the model (model.onnx) run by onnxruntime-web. It follows tinydit.export.ort_sampler step for step.
 // Test mode, index.html?test=case.json: the initial noise and settings come from the file, and the
 // result is posted back to /result (the test's server) instead of only being drawn.
@@ -56,7 +56,8 @@ class Sampler {
     return out;
   }
 
-  async sample(noise, y, null_, { steps, cfg, sampler, interval }, onStep) {
+  // fresh(i): step i's normal noise for the ancestral sampler (eta 1: DDPM's posterior noise, 0: Euler).
+  async sample(noise, y, null_, { steps, cfg, sampler, interval, eta = 1, fresh }, onStep) {
     const [lo, hi] = interval || [0, 1];
     let x = Float32Array.from(noise);
     for (let i = 0; i < steps; i++) {
@@ -64,7 +65,9 @@ class Sampler {
       const dt = Math.fround(tNext - t), started = performance.now();
       const v = await this.velocity(x, t, y, null_, cfg, cfg !== 1 && lo <= t && t <= hi, sampler === "euler" ? -dt : 0);
       const pred = x.map((xi, k) => Math.fround(xi + Math.fround(dt * v[k])));
-      if (sampler === "heun" && tNext > 0) {
+      if (sampler === "ancestral") {
+        x = ancestralStep(x, v, t, tNext, eta, tNext > 0 ? fresh(i) : null);
+      } else if (sampler === "heun" && tNext > 0) {
         const v2 = await this.velocity(pred, tNext, y, null_, cfg, cfg !== 1 && lo <= tNext && tNext <= hi, 0);
         const half = Math.fround(dt * 0.5);
         x = x.map((xi, k) => Math.fround(xi + Math.fround(half * Math.fround(v[k] + v2[k]))));
@@ -75,6 +78,17 @@ class Sampler {
     }
     return x;
   }
+}
+
+// DDIM's eta family on the straight path, as tinydit.export.ort_sampler: x0 and eps from v, put back at
+// tNext with s of the noise drawn afresh (z).
+function ancestralStep(x, v, t, tNext, eta, z) {
+  const f = Math.fround, a = f(t), b = f(1 - t);
+  const x0 = x.map((xi, k) => f(xi - f(a * v[k])));
+  if (tNext <= 0) return x0;
+  const r = (1 - t) * tNext / ((1 - tNext) * t), s = eta * tNext * Math.sqrt(Math.max(0, 1 - r * r));
+  const c0 = f(1 - tNext), ce = f(Math.sqrt(Math.max(0, tNext * tNext - s * s))), cz = f(s);
+  return x.map((xi, k) => f(f(f(c0 * x0[k]) + f(ce * f(xi + f(b * v[k])))) + f(cz * z[k])));
 }
 
 function toBytes(x) {  // [-1, 1] -> uint8, rounded half to even as torch and numpy round
@@ -93,14 +107,14 @@ function draw(meta, x) {
   $("canvas").getContext("2d").putImageData(img, 0, 0);
 }
 
-const PAGE_SAMPLERS = ["euler", "heun"];
+const PAGE_SAMPLERS = ["euler", "heun", "ancestral"];
 
 // The controls' first values: the sampler settings the checkpoint records (tinydit sample's defaults), with
 // Euler in place of a recorded sampler this page does not run (its steps, guidance and interval kept).
 function pageDefaults(record) {
   const [lo, hi] = record.cfg_interval || [0, 1];
   const sampler = PAGE_SAMPLERS.includes(record.sampler) ? record.sampler : "euler";
-  return { sampler, steps: record.steps, cfg: record.cfg_scale, lo, hi };
+  return { sampler, steps: record.steps, cfg: record.cfg_scale, lo, hi, eta: record.eta ?? 1 };
 }
 
 function recordNote(record) {
@@ -111,7 +125,7 @@ function recordNote(record) {
 
 function controls() {
   return { sampler: $("sampler").value, steps: +$("steps").value, cfg: +$("cfg").value,
-           interval: [+$("lo").value, +$("hi").value] };
+           interval: [+$("lo").value, +$("hi").value], eta: +$("eta").value };
 }
 
 async function main() {
@@ -138,7 +152,8 @@ async function main() {
   if (test) {  // the browser test: given noise and settings, post the image and the page's defaults back
     const c = await (await fetch(test)).json();
     const [y, null_] = condition(c.prompt, c.label);
-    const x = await sampler.sample(Float32Array.from(c.noise), y, null_, c, (i, xi) => draw(meta, xi));
+    const fresh = (i) => Float32Array.from(c.fresh[i]);
+    const x = await sampler.sample(Float32Array.from(c.noise), y, null_, { ...c, fresh }, (i, xi) => draw(meta, xi));
     const body = { pixels: Array.from(toBytes(x)), defaults: controls(), errors };
     await fetch("/result", { method: "POST", body: JSON.stringify(body) });
     return;
@@ -148,7 +163,8 @@ async function main() {
     $("go").disabled = true;
     const settings = controls();
     const [y, null_] = condition($("prompt").value, +$("class").value);
-    const noise = gaussian(+$("seed").value, meta.image.channels * size * size);
+    const seed = +$("seed").value, n = meta.image.channels * size * size, noise = gaussian(seed, n);
+    settings.fresh = (i) => gaussian(seed + 1000003 * (i + 1), n);  // the ancestral steps' noise, per seed
     let total = 0;
     await sampler.sample(noise, y, null_, settings, async (i, x, ms) => {
       total += ms; draw(meta, x);
