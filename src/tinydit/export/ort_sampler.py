@@ -15,7 +15,6 @@ given the same noise at every step (``fresh``).
 from __future__ import annotations
 
 import json
-import math
 import re
 
 import numpy as np
@@ -77,8 +76,8 @@ class OnnxSampler:
         if t_next <= 0.0:
             return x0
         r = (1.0 - t) * t_next / ((1.0 - t_next) * t)
-        s = eta * t_next * math.sqrt(max(0.0, 1.0 - r * r))
-        keep = np.float32(math.sqrt(max(0.0, t_next**2 - s**2)))
+        s = eta * t_next * float(np.sqrt(max(0.0, 1.0 - r * r)))
+        keep = np.float32(np.sqrt(max(0.0, t_next**2 - s**2)))
         return np.float32(1.0 - t_next) * x0 + keep * eps + np.float32(s) * fresh(i)
 
     def _v(self, x, t, y, d):
