@@ -39,11 +39,14 @@ from tinydit.data.shapes import SHAPES, make_shapes
 from tinydit.eval.features import train_feature_net
 from tinydit.eval.shape_fit import strict_scores
 from tinydit.flow.grids import uniform_grid
+from tinydit.flow.guidance import guided_velocity
+from tinydit.flow.path import interpolate, sample_t, velocity_target
 from tinydit.flow.samplers import ancestral
 from tinydit.images import from_uint8, to_uint8
 from tinydit.models.dit import DiT
 from tinydit.models.dit_config import get_preset
 from tinydit.models.layers import Attention, TimestepEmbedder
+from tinydit.train.optim import ema_update
 
 NULL = len(SHAPES)  # the null label
 SETTINGS = ((1.0, None), (4.0, (0.3, 1.0)), (50.0, (0.8, 1.0)))  # (guidance, interval) of ancestral 64, eta 1
@@ -144,23 +147,19 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, args, aux=None) ->
         idx = torch.randint(0, len(x), (args.batch,), generator=gen)
         x0, labels = x[idx], y[idx].clone()
         labels[torch.rand(args.batch, generator=gen) < 0.1] = NULL
-        t = torch.sigmoid(torch.randn(args.batch, generator=gen))
-        t = 2.2 * t / (1 + 1.2 * t)  # shifted towards noise
+        t = sample_t(args.batch, gen, kind="logit-normal", shift=2.2)  # shifted towards noise
         noise = torch.randn(x0.shape, generator=gen)
-        x_t = (1 - t.view(-1, 1, 1, 1)) * x0 + t.view(-1, 1, 1, 1) * noise
+        x_t = interpolate(x0, noise, t)
         with torch.autocast("cpu", torch.bfloat16):
             v = model(x_t, t, labels)
             extra = aux(x0) if aux is not None else None
-        flow = (v.float() - (noise - x0)).pow(2).mean()
+        flow = (v.float() - velocity_target(x0, noise)).pow(2).mean()
         loss = flow if extra is None else flow + args.lam * extra
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        decay = min(0.999, (1 + step) / (10 + step))
-        with torch.no_grad():
-            for p_ema, p in zip(ema.parameters(), model.parameters(), strict=True):
-                p_ema.lerp_(p, 1 - decay)
+        ema_update(ema, model, min(0.999, (1 + step) / (10 + step)))
         if step % 250 == 0 or step == args.steps - 1:
             more = "" if extra is None else f", aux {extra.item():.4f}"
             print(f"step {step}: flow loss {flow.item():.4f}{more}, {time.time() - start:.0f} s", flush=True)
@@ -171,12 +170,8 @@ def guided(model: nn.Module, y: torch.Tensor, cfg: float, lo: float, hi: float):
     """The velocity field of labels y (N,) under guidance ``cfg`` inside [lo, hi], conditional outside."""
 
     def velocity(x_t: torch.Tensor, t: float) -> torch.Tensor:
-        tt = torch.full((x_t.shape[0],), t)
-        if cfg == 1.0 or not lo <= t <= hi:
-            return model(x_t, tt, y)
-        both = model(torch.cat([x_t, x_t]), torch.cat([tt, tt]), torch.cat([y, torch.full_like(y, NULL)]))
-        v_cond, v_null = both.chunk(2)
-        return v_null + cfg * (v_cond - v_null)
+        scale = cfg if lo <= t <= hi else 1.0
+        return guided_velocity(model, x_t, torch.full((x_t.shape[0],), t), y, scale)[0]
 
     return velocity
 
