@@ -25,7 +25,8 @@ from bench_train import header, race, tinydit_workload
 
 from tinydit.config import TrainConfig
 from tinydit.data import load_dataset
-from tinydit.eval.evaluate import evaluate, generate_for_eval
+from tinydit.eval.evaluate import evaluate
+from tinydit.eval.sampling import generate_for_eval
 from tinydit.models.dit import SWITCHES, get_preset
 from tinydit.runtime import resolve_device, resolve_precision
 from tinydit.train import Trainer
@@ -41,24 +42,29 @@ def main() -> None:
     parser.add_argument("--precision", default="auto")
     parser.add_argument("--only", action="append", help="variant(s) to run (default: all)")
     parser.add_argument("--out", default="runs/ablation")
-    parser.add_argument("--rates-only", action="store_true",
-                        help="only measure throughputs (into RUN_ROOT/rates.json, which later runs reuse): do this "
-                             "on a quiet machine, then train while it is busy")  # fmt: skip
+    parser.add_argument(
+        "--rates-only",
+        action="store_true",
+        help="only measure throughputs (into RUN_ROOT/rates.json, which later runs reuse): do this "
+        "on a quiet machine, then train while it is busy",
+    )
     args = parser.parse_args()
     device = resolve_device("auto")
     precision = resolve_precision(args.precision, device)
     header(args, device)
     train_set = load_dataset(args.data, train=True)
-    base = get_preset(args.preset, img_size=train_set.img_size, in_channels=train_set.channels,
-                      n_classes=len(train_set.classes))  # fmt: skip
+    base = get_preset(
+        args.preset, img_size=train_set.img_size, in_channels=train_set.channels, n_classes=len(train_set.classes)
+    )
     variants = {name: sw for name, sw in SWITCHES.items() if not args.only or name.split()[0] in args.only}
 
     root = Path(args.out)
     rates_file = root / "rates.json"
     rates = json.loads(rates_file.read_text()) if rates_file.exists() else {}
     if args.rates_only or not all(name in rates for name in variants):
-        workloads = [tinydit_workload(replace(base, **sw), args.batch, device, precision, False)
-                     for sw in variants.values()]  # fmt: skip
+        workloads = [
+            tinydit_workload(replace(base, **sw), args.batch, device, precision, False) for sw in variants.values()
+        ]
         rates.update(zip(variants, race(workloads, steps=2, repeats=5), strict=True))
         del workloads
         root.mkdir(parents=True, exist_ok=True)
@@ -72,28 +78,53 @@ def main() -> None:
         steps = int(args.minutes * 60 / step_s)
         out = root / name.split()[0]
         print(f"{name}: {args.batch / step_s:.0f} img/s -> {steps} steps in {args.minutes:g} min", flush=True)
-        cfg = TrainConfig(out=str(out), data=args.data, preset=args.preset, steps=steps, batch_size=args.batch,
-                          precision=precision, compile="off", sample_every=10**9, ckpt_every=10**9, **sw)  # fmt: skip
+        cfg = TrainConfig(
+            out=str(out),
+            data=args.data,
+            preset=args.preset,
+            steps=steps,
+            batch_size=args.batch,
+            precision=precision,
+            compile="off",
+            sample_every=10**9,
+            ckpt_every=10**9,
+            **sw,
+        )
         started = time.perf_counter()
         trained = Trainer(cfg).fit()
         images, labels, data, _, info = generate_for_eval(out / "checkpoint.pt", args.n, 32, 2.0, 0, device, None)
         metrics = evaluate(images, labels, data)
         fid = next(v for k, v in metrics.items() if k.startswith("fid_"))
         cc = next((v for k, v in metrics.items() if k.startswith("class_consistency_")), float("nan"))
-        results.append({"variant": name, "switches": sw, "img_per_s": args.batch / step_s, "steps": steps,
-                        "val_loss_ema": trained.val_loss_ema, "fid": fid, "class_consistency": cc,
-                        "wall_seconds": time.perf_counter() - started, "metrics": metrics, **info})  # fmt: skip
+        results.append(
+            {
+                "variant": name,
+                "switches": sw,
+                "img_per_s": args.batch / step_s,
+                "steps": steps,
+                "val_loss_ema": trained.val_loss_ema,
+                "fid": fid,
+                "class_consistency": cc,
+                "wall_seconds": time.perf_counter() - started,
+                "metrics": metrics,
+                **info,
+            }
+        )
         (root / "ablation.json").write_text(json.dumps(results, indent=2) + "\n")
 
     print()
-    print(f"{args.preset} on {args.data}, {args.minutes:g} min of training each ({precision}, batch {args.batch}); "
-          f"{args.n} samples, Euler 32 steps, guidance 2; FID in the shipped feature network's space")
+    print(
+        f"{args.preset} on {args.data}, {args.minutes:g} min of training each ({precision}, batch {args.batch}); "
+        f"{args.n} samples, Euler 32 steps, guidance 2; FID in the shipped feature network's space"
+    )
     print()
     print("| variant | train img/s | steps | EMA val loss | FID | class consistency |")
     print("|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['variant']} | {r['img_per_s']:.0f} | {r['steps']} | {r['val_loss_ema']:.4f} | {r['fid']:.2f} | "
-              f"{r['class_consistency']:.3f} |")
+        print(
+            f"| {r['variant']} | {r['img_per_s']:.0f} | {r['steps']} | {r['val_loss_ema']:.4f} | {r['fid']:.2f} | "
+            f"{r['class_consistency']:.3f} |"
+        )
 
 
 if __name__ == "__main__":

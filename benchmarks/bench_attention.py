@@ -67,10 +67,15 @@ def main() -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--reps", type=int, default=3, help="calls per timing")
     parser.add_argument("--timings", type=int, default=7, help="timings per figure (the median is printed)")
-    parser.add_argument("--dtype", action="append", choices=list(DTYPES),
-                        help="dtype(s) to time (default: fp32 and bf16; fp16 is emulated on CPUs: slow)")  # fmt: skip
-    parser.add_argument("--shape", action="append", type=shape_arg,
-                        help="N,h,T,Dh to time (default: the presets' shapes)")  # fmt: skip
+    parser.add_argument(
+        "--dtype",
+        action="append",
+        choices=list(DTYPES),
+        help="dtype(s) to time (default: fp32 and bf16; fp16 is emulated on CPUs: slow)",
+    )
+    parser.add_argument(
+        "--shape", action="append", type=shape_arg, help="N,h,T,Dh to time (default: the presets' shapes)"
+    )
     args = parser.parse_args()
     dtypes = args.dtype or ["fp32", "bf16"]
     shapes = args.shape or SHAPES

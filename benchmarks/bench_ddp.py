@@ -30,21 +30,54 @@ import torch
 
 def run(out: Path, nproc: int, threads: int, args: argparse.Namespace) -> float:
     """Images per second of one ``tinydit train`` run, 1 process (nproc 0) or nproc ranks under torchrun."""
-    flags = ["train", "--data", args.data, "--preset", args.preset, "--batch-size", str(args.batch), "--steps",
-             str(args.steps), "--log-every", str(args.log_every), "--val-every", "100000", "--sample-every", "100000",
-             "--ckpt-every", "100000", "--precision", args.precision, "--device", args.device, "--no-report",
-             "--no-progress", "--out", str(out)]  # fmt: skip
+    flags = [
+        "train",
+        "--data",
+        args.data,
+        "--preset",
+        args.preset,
+        "--batch-size",
+        str(args.batch),
+        "--steps",
+        str(args.steps),
+        "--log-every",
+        str(args.log_every),
+        "--val-every",
+        "100000",
+        "--sample-every",
+        "100000",
+        "--ckpt-every",
+        "100000",
+        "--precision",
+        args.precision,
+        "--device",
+        args.device,
+        "--no-report",
+        "--no-progress",
+        "--out",
+        str(out),
+    ]
     if nproc:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m",
-               "tinydit", "--", *flags]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={nproc}",
+            "-m",
+            "tinydit",
+            "--",
+            *flags,
+        ]
     else:
         cmd = [sys.executable, "-m", "tinydit", *flags]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
-    rates = [r["img_per_s"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
-             if "img_per_s" in r]  # fmt: skip
+    rates = [
+        r["img_per_s"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "img_per_s" in r
+    ]
     return statistics.median(rates[1:] or rates)
 
 
@@ -57,23 +90,31 @@ def main() -> None:
     p.add_argument("--log-every", type=int, default=20)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--nproc", type=int, default=2, help="ranks of the data-parallel run")
-    p.add_argument("--threads", type=int, default=None,
-                   help="threads of the one-process run (default: --nproc; each rank gets one on a CPU)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="threads of the one-process run (default: --nproc; each rank gets one on a CPU)",
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--precision", default="fp32")
     args = p.parse_args()
     threads = args.threads or (args.nproc if args.device == "cpu" else 1)
-    setups = {f"1 process x {threads} threads": (0, threads), f"{args.nproc} ranks x 1 thread (DDP, "
-              f"{'gloo' if args.device == 'cpu' else 'nccl'})": (args.nproc, 1)}  # fmt: skip
+    setups = {
+        f"1 process x {threads} threads": (0, threads),
+        f"{args.nproc} ranks x 1 thread (DDP, {'gloo' if args.device == 'cpu' else 'nccl'})": (args.nproc, 1),
+    }
     rates: dict[str, list[float]] = {name: [] for name in setups}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeats):
             for j, (name, (nproc, n_threads)) in enumerate(setups.items()):
                 rates[name].append(run(Path(tmp) / f"{i}-{j}", nproc, n_threads, args))
                 print(f"{name}: {rates[name][-1]:.0f} img/s", file=sys.stderr)
-    print(f"\n{args.preset}, {args.data}, global batch {args.batch}, {args.steps} steps, {args.precision}, "
-          f"{args.device}; {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
-          f"{torch.__version__}, {datetime.date.today()}; median of {args.repeats}\n")  # fmt: skip
+    print(
+        f"\n{args.preset}, {args.data}, global batch {args.batch}, {args.steps} steps, {args.precision}, "
+        f"{args.device}; {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
+        f"{torch.__version__}, {datetime.date.today()}; median of {args.repeats}\n"
+    )
     print("| set-up | images/s | runs |")
     print("|---|---|---|")
     for name, values in rates.items():

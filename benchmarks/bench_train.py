@@ -113,8 +113,16 @@ def describe_peak(*peaks: dict[str, float]) -> str:
 class Workload:
     """One model's training step and sampler on a fixed in-memory batch."""
 
-    def __init__(self, name: str, model: torch.nn.Module, forward: Callable, cfg: DiTConfig, batch: int,
-                 device: torch.device, precision: str):  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        model: torch.nn.Module,
+        forward: Callable,
+        cfg: DiTConfig,
+        batch: int,
+        device: torch.device,
+        precision: str,
+    ):
         self.name, self.model, self.cfg, self.batch = name, model, cfg, batch
         # The objective: flow matching, or shortcut models' for a model that takes step sizes. The
         # distillation student (also a step-size model) is set to "distill" by its caller.
@@ -166,9 +174,18 @@ class Workload:
 # Profiler keys (self time) of the kernels that do the counted FLOPs, by kind; "## Call CompiledFxGraph"
 # is Inductor's generated code. The _slow_conv2d kernels run convolutions too small for oneDNN, or any
 # with one thread.
-MATMUL_KERNELS = ("aten::mkldnn_convolution", "aten::convolution_backward", "aten::mm", "aten::addmm", "aten::bmm",
-                  "aten::baddbmm", "aten::_mkldnn_linear", "aten::mkldnn_linear_backward",
-                  "aten::_slow_conv2d_forward", "aten::_slow_conv2d_backward")  # fmt: skip
+MATMUL_KERNELS = (
+    "aten::mkldnn_convolution",
+    "aten::convolution_backward",
+    "aten::mm",
+    "aten::addmm",
+    "aten::bmm",
+    "aten::baddbmm",
+    "aten::_mkldnn_linear",
+    "aten::mkldnn_linear_backward",
+    "aten::_slow_conv2d_forward",
+    "aten::_slow_conv2d_backward",
+)
 ATTENTION_PREFIX = "aten::_scaled_dot_product"  # SDPA's forward and backward kernels
 COMPILED_PREFIX = "## Call CompiledFxGraph"
 # The kinds of work breakdown() reports, as printed.
@@ -209,16 +226,31 @@ def teacher_path_rate(w: Workload, n: int = 500) -> tuple[float, int]:
         sync(w.device)
         start = time.perf_counter()
         with torch.no_grad(), w.kernels():
-            _, nfe = sample_path(d.teacher_sampler, w.model, noise, y, KNOTS, d.teacher_steps // KNOTS, d.teacher_cfg,
-                                 cfg_interval=d.teacher_cfg_interval)
+            _, nfe = sample_path(
+                d.teacher_sampler,
+                w.model,
+                noise,
+                y,
+                KNOTS,
+                d.teacher_steps // KNOTS,
+                d.teacher_cfg,
+                cfg_interval=d.teacher_cfg_interval,
+            )
         sync(w.device)
         times.append(time.perf_counter() - start)
     w.model.train()
     return n / sorted(times)[1], nfe
 
 
-def tinydit_workload(cfg: DiTConfig, batch: int, device: torch.device, precision: str, compiled: bool,
-                     attention: str = "auto", linear: str = "auto") -> Workload:  # fmt: skip
+def tinydit_workload(
+    cfg: DiTConfig,
+    batch: int,
+    device: torch.device,
+    precision: str,
+    compiled: bool,
+    attention: str = "auto",
+    linear: str = "auto",
+) -> Workload:
     torch.manual_seed(0)
     model = DiT(cfg).to(device)
     w = Workload("TinyDiT", model, maybe_compile(model, compiled), cfg, batch, device, precision)
@@ -226,8 +258,9 @@ def tinydit_workload(cfg: DiTConfig, batch: int, device: torch.device, precision
     return w
 
 
-def diffusers_workload(cfg: DiTConfig, batch: int, device: torch.device, precision: str,
-                       matmul_attention: bool = False) -> Workload:  # fmt: skip
+def diffusers_workload(
+    cfg: DiTConfig, batch: int, device: torch.device, precision: str, matmul_attention: bool = False
+) -> Workload:
     """diffusers' DiT at the same width, depth, heads, patch and image size (adaLN-Zero, GELU-tanh).
 
     Its default attention is SDPA (``AttnProcessor2_0``); ``matmul_attention`` switches it to its
@@ -241,10 +274,16 @@ def diffusers_workload(cfg: DiTConfig, batch: int, device: torch.device, precisi
         sys.exit("--compare diffusers needs diffusers: pip install diffusers")
     torch.manual_seed(0)
     model = DiTTransformer2DModel(
-        num_attention_heads=cfg.n_heads, attention_head_dim=cfg.head_dim, in_channels=cfg.in_channels,
-        out_channels=cfg.in_channels, num_layers=cfg.depth, sample_size=cfg.img_size, patch_size=cfg.patch_size,
-        num_embeds_ada_norm=cfg.n_classes + 1, norm_type="ada_norm_zero",
-    ).to(device)  # fmt: skip
+        num_attention_heads=cfg.n_heads,
+        attention_head_dim=cfg.head_dim,
+        in_channels=cfg.in_channels,
+        out_channels=cfg.in_channels,
+        num_layers=cfg.depth,
+        sample_size=cfg.img_size,
+        patch_size=cfg.patch_size,
+        num_embeds_ada_norm=cfg.n_classes + 1,
+        norm_type="ada_norm_zero",
+    ).to(device)
     if matmul_attention:
         for module in model.modules():
             if isinstance(module, Attention):
@@ -341,12 +380,16 @@ def picked_attention(args: argparse.Namespace, device: torch.device) -> str:
 
 
 def header(args: argparse.Namespace, device: torch.device) -> None:
-    cpu = f"{platform.processor() or platform.machine()} ({torch.backends.cpu.get_cpu_capability()}, " \
-          f"native bf16: {'yes' if cpu_has_native_bf16() else 'no'})"
+    cpu = (
+        f"{platform.processor() or platform.machine()} ({torch.backends.cpu.get_cpu_capability()}, "
+        f"native bf16: {'yes' if cpu_has_native_bf16() else 'no'})"
+    )
     if device.type == "cuda":
         cpu = torch.cuda.get_device_name(device)
-    print(f"machine: {cpu}, {os.cpu_count()} CPUs, device {device}; torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads; {datetime.date.today()}")
+    print(
+        f"machine: {cpu}, {os.cpu_count()} CPUs, device {device}; torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads; {datetime.date.today()}"
+    )
     script = f"benchmarks/{os.path.basename(sys.argv[0])}"  # the script that is running (ablation, ...)
     print(f"command: python {script} {' '.join(sys.argv[1:])}".rstrip())
 
@@ -362,10 +405,18 @@ def main() -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--precision", default="fp32", choices=list(DTYPES))
     parser.add_argument("--compile", action="store_true", help="torch.compile TinyDiT's forward")
-    parser.add_argument("--linear", default="auto", choices=LINEAR_BACKENDS,
-                        help="TinyDiT's token-linear kernel (tinydit.models.linear; auto: as the trainer picks)")
-    parser.add_argument("--attention", default="auto", choices=BACKENDS,
-                        help="TinyDiT's attention kernel (tinydit.models.attention; auto: as the trainer picks)")
+    parser.add_argument(
+        "--linear",
+        default="auto",
+        choices=LINEAR_BACKENDS,
+        help="TinyDiT's token-linear kernel (tinydit.models.linear; auto: as the trainer picks)",
+    )
+    parser.add_argument(
+        "--attention",
+        default="auto",
+        choices=BACKENDS,
+        help="TinyDiT's attention kernel (tinydit.models.attention; auto: as the trainer picks)",
+    )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--switches", action="store_true", help="one row per architecture switch")
     mode.add_argument("--modes", action="store_true", help="fp32/bf16 x eager/compiled for one preset")
@@ -394,18 +445,24 @@ def main() -> None:
         t_ours, t_theirs, t_theirs_matmul = race([mine, theirs, theirs_matmul], args.steps, args.repeats)
         peaks, peak = peaks_after()
         flops = 3 * DiT(cfg).flops_per_image() * args.batch
-        print(f"config: {presets[0]} ({args.shape}, {cfg.n_tokens} tokens, dim {cfg.dim}, depth {cfg.depth}, "
-              f"{cfg.n_heads} heads, patch {cfg.patch_size}), batch {args.batch}, {args.precision}"
-              f"{', compiled' if args.compile else ''}; TinyDiT attention: {picked_attention(args, device)}, "
-              f"linears: {picked_linear(args, device)}; matmul peak {describe_peak(*peaks)}")
-        print("FLOPs per step = 3 x (2 P B T + 4 depth B T^2 dim) "
-              f"= {flops / 1e9:.2f} GFLOP (P = {DiT(cfg).token_params():,} per-token weights)")
+        print(
+            f"config: {presets[0]} ({args.shape}, {cfg.n_tokens} tokens, dim {cfg.dim}, depth {cfg.depth}, "
+            f"{cfg.n_heads} heads, patch {cfg.patch_size}), batch {args.batch}, {args.precision}"
+            f"{', compiled' if args.compile else ''}; TinyDiT attention: {picked_attention(args, device)}, "
+            f"linears: {picked_linear(args, device)}; matmul peak {describe_peak(*peaks)}"
+        )
+        print(
+            "FLOPs per step = 3 x (2 P B T + 4 depth B T^2 dim) "
+            f"= {flops / 1e9:.2f} GFLOP (P = {DiT(cfg).token_params():,} per-token weights)"
+        )
         print()
         print("| model | params | train img/s | step ms | achieved GFLOP/s | MFU | TinyDiT's speedup |")
         print("|---|---|---|---|---|---|---|")
         for w, t in ((mine, t_ours), (theirs, t_theirs), (theirs_matmul, t_theirs_matmul)):
-            print(f"| {w.name} | {count_params(w.model) / 1e6:.2f}M | {args.batch / t:.0f} | {1000 * t:.0f} | "
-                  f"{flops / t / 1e9:.1f} | {flops / t / peak:.2f} | {t / t_ours:.2f}x |")
+            print(
+                f"| {w.name} | {count_params(w.model) / 1e6:.2f}M | {args.batch / t:.0f} | {1000 * t:.0f} | "
+                f"{flops / t / 1e9:.1f} | {flops / t / peak:.2f} | {t / t_ours:.2f}x |"
+            )
         print()
         print(f"mfu: {flops / t_ours / peak:.2f}")
         print(f"speedup_vs_diffusers: {t_theirs / t_ours:.2f}")
@@ -417,16 +474,18 @@ def main() -> None:
         if device.type == "cuda":
             modes += [("fp16", False), ("fp16", True)]
         rows = [(p, c, tinydit_workload(cfg, args.batch, device, p, c, args.attention, args.linear)) for p, c in modes]
-        print(f"config: {presets[0]} ({args.shape}), batch {args.batch}; "
-              f"fp32 matmul peak {describe_peak(peak_before)}")
+        print(f"config: {presets[0]} ({args.shape}), batch {args.batch}; fp32 matmul peak {describe_peak(peak_before)}")
         print()
         print("| precision | compiled | train img/s | vs fp32 eager | sample img/s |")
         print("|---|---|---|---|---|")
         slow = device.type == "cpu" and not cpu_has_native_bf16()  # emulated bf16: time single steps
         times = race([w for _, _, w in rows], 1 if slow else args.steps, args.repeats)
         for (p, c, w), t in zip(rows, times, strict=True):
-            print(f"| {p} | {'yes' if c else 'no'} | {args.batch / t:.0f} | {times[0] / t:.2f}x | "
-                  f"{sample_rate(w, args.batch, args.sample_steps):.0f} |", flush=True)
+            print(
+                f"| {p} | {'yes' if c else 'no'} | {args.batch / t:.0f} | {times[0] / t:.2f}x | "
+                f"{sample_rate(w, args.batch, args.sample_steps):.0f} |",
+                flush=True,
+            )
         return
 
     if args.few_step:
@@ -444,9 +503,11 @@ def main() -> None:
         print()
         rate, nfe = teacher_path_rate(plain)
         d = TrainConfig
-        print(f"teacher paths for distillation: {rate:.0f} paths/s ({d.teacher_sampler}, {d.teacher_steps} steps, "
-              f"guidance {d.teacher_cfg:g} for t in [{d.teacher_cfg_interval[0]:g}, {d.teacher_cfg_interval[1]:g}]: "
-              f"{nfe} evaluations each, the --few-step distill default)")
+        print(
+            f"teacher paths for distillation: {rate:.0f} paths/s ({d.teacher_sampler}, {d.teacher_steps} steps, "
+            f"guidance {d.teacher_cfg:g} for t in [{d.teacher_cfg_interval[0]:g}, {d.teacher_cfg_interval[1]:g}]: "
+            f"{nfe} evaluations each, the --few-step distill default)"
+        )
         return
 
     if args.breakdown:
@@ -462,19 +523,25 @@ def main() -> None:
         if not kernels:
             sys.exit(f"no matmul kernel among the profiler's keys: update MATMUL_KERNELS for torch {torch.__version__}")
         total = sum(parts.values())
-        print(f"config: {presets[0]} ({args.shape}), batch {args.batch}, {args.precision}"
-              f"{', compiled' if args.compile else ''}; attention: {picked_attention(args, device)}, "
-              f"linears: {picked_linear(args, device)}; matmul peak {describe_peak(*peaks)}")
-        print(f"step: {1000 * t_step:.0f} ms unprofiled, MFU {flops / t_step / peak:.2f}; "
-              f"{1000 * total:.0f} ms under the profiler, split below (self times)")
+        print(
+            f"config: {presets[0]} ({args.shape}), batch {args.batch}, {args.precision}"
+            f"{', compiled' if args.compile else ''}; attention: {picked_attention(args, device)}, "
+            f"linears: {picked_linear(args, device)}; matmul peak {describe_peak(*peaks)}"
+        )
+        print(
+            f"step: {1000 * t_step:.0f} ms unprofiled, MFU {flops / t_step / peak:.2f}; "
+            f"{1000 * total:.0f} ms under the profiler, split below (self times)"
+        )
         print()
         print("| part of the step | ms per step | share |")
         print("|---|---|---|")
         for kind, t in parts.items():
             print(f"| {kind} | {1000 * t:.1f} | {t / total:.0%} |")
         print()
-        print(f"the matmul and attention kernels alone: {1000 * kernels:.0f} ms for {flops / 1e9:.1f} GFLOP, "
-              f"{flops / kernels / 1e9:.0f} GFLOP/s")
+        print(
+            f"the matmul and attention kernels alone: {1000 * kernels:.0f} ms for {flops / 1e9:.1f} GFLOP, "
+            f"{flops / kernels / 1e9:.0f} GFLOP/s"
+        )
         print(f"mfu_ceiling: {flops / kernels / peak:.2f}")
         return
 
@@ -488,17 +555,24 @@ def main() -> None:
     workloads = [ours(cfg) for _, cfg in rows]
     times = race(workloads, args.steps, args.repeats)
     peaks, peak = peaks_after()
-    print(f"batch {args.batch}, {args.precision}{', compiled' if args.compile else ''}; "
-          f"matmul peak {describe_peak(*peaks)}; MFU counts 3 x (2 P B T + 4 depth B T^2 dim) FLOPs per step")
+    print(
+        f"batch {args.batch}, {args.precision}{', compiled' if args.compile else ''}; "
+        f"matmul peak {describe_peak(*peaks)}; MFU counts 3 x (2 P B T + 4 depth B T^2 dim) FLOPs per step"
+    )
     print()
-    print(f"| {title} | params | tokens | train img/s | MFU | sample img/s ({args.sample_steps} Euler steps, "
-          "guided) | peak train memory MiB |")
+    print(
+        f"| {title} | params | tokens | train img/s | MFU | sample img/s ({args.sample_steps} Euler steps, "
+        "guided) | peak train memory MiB |"
+    )
     print("|---|---|---|---|---|---|---|")
     for (name, cfg), w, t in zip(rows, workloads, times, strict=True):
         flops = 3 * w.model.flops_per_image() * args.batch
-        print(f"| {name} | {count_params(w.model) / 1e6:.2f}M | {cfg.n_tokens} | {args.batch / t:.0f} | "
-              f"{flops / t / peak:.2f} | {sample_rate(w, args.batch, args.sample_steps):.0f} | "
-              f"{peak_memory_mb(cfg, args.batch, device, args.precision):.0f} |", flush=True)
+        print(
+            f"| {name} | {count_params(w.model) / 1e6:.2f}M | {cfg.n_tokens} | {args.batch / t:.0f} | "
+            f"{flops / t / peak:.2f} | {sample_rate(w, args.batch, args.sample_steps):.0f} | "
+            f"{peak_memory_mb(cfg, args.batch, device, args.precision):.0f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -59,18 +59,34 @@ def main() -> None:
     parser.add_argument("--sampler", default="euler", help="euler | heun | midpoint | dopri5 | ancestral")
     parser.add_argument("--steps", type=int, default=32, help="sampler steps per sample")
     parser.add_argument("--cfg", type=float, default=2.0, help="guidance scale (the empty caption is unconditional)")
-    parser.add_argument("--cfg-interval", type=float, nargs=2, default=None, metavar=("LO", "HI"),
-                        help="guide only for LO <= t <= HI (1 = noise); default: everywhere")
+    parser.add_argument(
+        "--cfg-interval",
+        type=float,
+        nargs=2,
+        default=None,
+        metavar=("LO", "HI"),
+        help="guide only for LO <= t <= HI (1 = noise); default: everywhere",
+    )
     parser.add_argument("--precision", default="auto")
-    parser.add_argument("--t-sampling", default=None, choices=["uniform", "logit-normal"],
-                        help="training times for both models (default: the trainer's for text runs, logit-normal)")
+    parser.add_argument(
+        "--t-sampling",
+        default=None,
+        choices=["uniform", "logit-normal"],
+        help="training times for both models (default: the trainer's for text runs, logit-normal)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/t2i")
-    parser.add_argument("--score-only", action="store_true",
-                        help="train nothing: score the checkpoints already in OUT/<model>/ and print how the "
-                             "pixel reader reads each prompted shape")
-    parser.add_argument("--cfgs", default=None,
-                        help="with --score-only: comma-separated guidance scales to score, each (default: --cfg)")
+    parser.add_argument(
+        "--score-only",
+        action="store_true",
+        help="train nothing: score the checkpoints already in OUT/<model>/ and print how the "
+        "pixel reader reads each prompted shape",
+    )
+    parser.add_argument(
+        "--cfgs",
+        default=None,
+        help="with --score-only: comma-separated guidance scales to score, each (default: --cfg)",
+    )
     args = parser.parse_args()
     device = resolve_device("auto")
     precision = resolve_precision(args.precision, device)
@@ -85,18 +101,33 @@ def main() -> None:
     }
 
     def train_config(name: str, steps: int) -> TrainConfig:
-        return TrainConfig(out=str(root / name), data="shapes", steps=steps, batch_size=args.batch, lr=args.lr,
-                           limit=args.limit, holdout=args.holdout, seed=args.seed, precision=precision, compile="off",
-                           t_sampling=args.t_sampling,
-                           sample_every=10**9, ckpt_every=500, **variants[name])  # fmt: skip
+        return TrainConfig(
+            out=str(root / name),
+            data="shapes",
+            steps=steps,
+            batch_size=args.batch,
+            lr=args.lr,
+            limit=args.limit,
+            holdout=args.holdout,
+            seed=args.seed,
+            precision=precision,
+            compile="off",
+            t_sampling=args.t_sampling,
+            sample_every=10**9,
+            ckpt_every=500,
+            **variants[name],
+        )
 
     # 1. Build both (set-up only: data, tokenizer, model) and report their sizes.
     trainers = {name: Trainer(train_config(name, 1), progress=False) for name in variants}
     params = {name: count_params(t.model) for name, t in trainers.items()}
     for name, t in trainers.items():
-        print(f"{name}: {t.cfg.preset}, {params[name]:,} parameters ({t.model_config.depth} blocks"
-              f"{f' + {t.model_config.single_blocks} single-stream' if name == 'mmdit' else ''}, text encoder of "
-              f"{t.model_config.text_depth} layers)", flush=True)
+        print(
+            f"{name}: {t.cfg.preset}, {params[name]:,} parameters ({t.model_config.depth} blocks"
+            f"{f' + {t.model_config.single_blocks} single-stream' if name == 'mmdit' else ''}, text encoder of "
+            f"{t.model_config.text_depth} layers)",
+            flush=True,
+        )
 
     # 2. Throughput, interleaved, on real caption batches (reused from OUT/rates.json when present).
     rates_file = root / "rates.json"
@@ -128,31 +159,59 @@ def main() -> None:
         trained = trainer.fit()
         model, _ = load_model(trained.checkpoint, map_location=device)  # the EMA weights
         sampled = time.perf_counter()
-        scores = measure(model, trainer.data.tokenizer, holdout, args.n_seen, args.n_held_out, steps=args.steps,
-                         cfg_scale=args.cfg, seed=args.seed, sampler=args.sampler,
-                         cfg_interval=args.cfg_interval)  # fmt: skip
-        results[name] = {"preset": trainer.cfg.preset, "params": params[name], "img_per_s": args.batch / step_s,
-                         "steps": steps, "train_seconds": trained.train_seconds,
-                         "val_loss_ema": trained.val_loss_ema, "sample_seconds": time.perf_counter() - sampled,
-                         "wall_seconds": time.perf_counter() - started, "samples": str(trained.samples),
-                         "adherence": scores}  # fmt: skip
+        scores = measure(
+            model,
+            trainer.data.tokenizer,
+            holdout,
+            args.n_seen,
+            args.n_held_out,
+            steps=args.steps,
+            cfg_scale=args.cfg,
+            seed=args.seed,
+            sampler=args.sampler,
+            cfg_interval=args.cfg_interval,
+        )
+        results[name] = {
+            "preset": trainer.cfg.preset,
+            "params": params[name],
+            "img_per_s": args.batch / step_s,
+            "steps": steps,
+            "train_seconds": trained.train_seconds,
+            "val_loss_ema": trained.val_loss_ema,
+            "sample_seconds": time.perf_counter() - sampled,
+            "wall_seconds": time.perf_counter() - started,
+            "samples": str(trained.samples),
+            "adherence": scores,
+        }
         (root / "text_to_image.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=2) + "\n")
 
     lines = [
         f"# Text-to-image on shapes: MMDiT vs a DiT conditioned on the pooled caption ({datetime.date.today()})",
-        "", "```", f"python benchmarks/text_to_image.py {' '.join(sys.argv[1:])}".rstrip(), "```", "",
+        "",
+        "```",
+        f"python benchmarks/text_to_image.py {' '.join(sys.argv[1:])}".rstrip(),
+        "```",
+        "",
         f"{args.minutes:g} min of training each ({precision}, batch {args.batch}, lr {args.lr:g}); held out of "
         f"training: {', '.join(holdout) or 'nothing'}. Samples: EMA weights, {args.sampler} {args.steps} steps, "
         f"guidance {args.cfg:g}, the same prompts and noise for both models; read back with "
-        "tinydit.data.shapes.read_shape.", "",
-        "| model | preset | parameters | train img/s | steps | EMA val loss |", "|---|---|---|---|---|---|",
-        *(f"| {name} | {r['preset']} | {r['params']:,} | {r['img_per_s']:.0f} | {r['steps']} | "
-          f"{r['val_loss_ema']:.4f} |" for name, r in results.items()),
-        "", "Prompt adherence (fraction of samples whose attribute reads back as prompted):", "",
-        markdown_table({name: r["adherence"] for name, r in results.items()}), "",
+        "tinydit.data.shapes.read_shape.",
+        "",
+        "| model | preset | parameters | train img/s | steps | EMA val loss |",
+        "|---|---|---|---|---|---|",
+        *(
+            f"| {name} | {r['preset']} | {r['params']:,} | {r['img_per_s']:.0f} | {r['steps']} | "
+            f"{r['val_loss_ema']:.4f} |"
+            for name, r in results.items()
+        ),
+        "",
+        "Prompt adherence (fraction of samples whose attribute reads back as prompted):",
+        "",
+        markdown_table({name: r["adherence"] for name, r in results.items()}),
+        "",
         "Sample grids (one row per prompt; the last two rows are held-out combinations): "
         + ", ".join(f"{name}: `{r['samples']}`" for name, r in results.items()),
-    ]  # fmt: skip
+    ]
     (root / "text_to_image.md").write_text("\n".join(lines) + "\n")
     print()
     print("\n".join(lines))
@@ -179,15 +238,31 @@ def score_only(args: argparse.Namespace, device) -> None:
         holdout = parse_phrases(state["train_config"].get("holdout") or "")  # as the run was trained
         for cfg_scale in cfgs:
             name = run.name if len(cfgs) == 1 else f"{run.name}, guidance {cfg_scale:g}"
-            scores, table = measure(model, tokenizer, holdout, args.n_seen, args.n_held_out, steps=args.steps,
-                                    cfg_scale=cfg_scale, seed=args.seed, with_confusion=True,
-                                    sampler=args.sampler, cfg_interval=args.cfg_interval)  # fmt: skip
+            scores, table = measure(
+                model,
+                tokenizer,
+                holdout,
+                args.n_seen,
+                args.n_held_out,
+                steps=args.steps,
+                cfg_scale=cfg_scale,
+                seed=args.seed,
+                with_confusion=True,
+                sampler=args.sampler,
+                cfg_interval=args.cfg_interval,
+            )
             results[name] = scores
             interval = "" if args.cfg_interval is None else "[{:g},{:g}]".format(*args.cfg_interval)
-            saved[f"{run.name}/{args.sampler}{args.steps}/cfg{cfg_scale:g}{interval}"] = {"scores": scores,
-                                                                                "shape_confusion": table}
-            lines += [f"{name} (step {state['step']}): how each prompted shape reads back", "",
-                      confusion_table(table), ""]  # fmt: skip
+            saved[f"{run.name}/{args.sampler}{args.steps}/cfg{cfg_scale:g}{interval}"] = {
+                "scores": scores,
+                "shape_confusion": table,
+            }
+            lines += [
+                f"{name} (step {state['step']}): how each prompted shape reads back",
+                "",
+                confusion_table(table),
+                "",
+            ]
     (root / "adherence.json").write_text(json.dumps(saved, indent=2) + "\n")
     print()
     print(markdown_table(results))

@@ -44,14 +44,23 @@ def main() -> None:
 
     # permute moves channels; reshape would scramble them.
     hwc = photo.permute(1, 2, 0)  # (H, W, C), the layout of PIL and NumPy
-    print("permute back == original:", torch.equal(hwc.permute(2, 0, 1), photo),
-          "| reshape == original:", torch.equal(hwc.reshape(3, 120, 160), photo))
+    print(
+        "permute back == original:",
+        torch.equal(hwc.permute(2, 0, 1), photo),
+        "| reshape == original:",
+        torch.equal(hwc.reshape(3, 120, 160), photo),
+    )
 
     x = load_image(out / "photo.png", size=32)  # (1, 3, 32, 32) in [-1, 1]
     batch = torch.cat([x, x.flip(-1), -x], dim=0)  # original, mirrored, colour-inverted: (3, 3, 32, 32)
     save_grid(batch, out / "photo_batch.png", nrow=3)
-    print("batch", tuple(batch.shape), batch.dtype, "| pixel (0, 0) RGB:",
-          [round(v, 3) for v in from_model_range(x[0, :, 0, 0]).tolist()])
+    print(
+        "batch",
+        tuple(batch.shape),
+        batch.dtype,
+        "| pixel (0, 0) RGB:",
+        [round(v, 3) for v in from_model_range(x[0, :, 0, 0]).tolist()],
+    )
     print("wrote", out / "photo_batch.png")
 
 

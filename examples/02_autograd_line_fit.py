@@ -1,6 +1,6 @@
 """Series post 3: autograd. Fit a line y = w x + b with nothing but tensors and backward().
 
-    python examples/02_autograd_line_fit.py --steps 300
+python examples/02_autograd_line_fit.py --steps 300
 """
 
 import argparse

@@ -29,8 +29,17 @@ def main() -> None:
     print("one sample:", tuple(x.shape), x.dtype, "| label", y, shapes.classes[y], "|", shapes.captions[0])
     loader = make_loader(shapes, batch_size=64, shuffle=True, num_workers=0)
     images, labels = next(iter(loader))
-    print("batch:", tuple(images.shape), images.dtype, f"range [{images.min():.2f}, {images.max():.2f}]",
-          "| labels", tuple(labels.shape), labels.dtype, "| batches per epoch:", len(loader))
+    print(
+        "batch:",
+        tuple(images.shape),
+        images.dtype,
+        f"range [{images.min():.2f}, {images.max():.2f}]",
+        "| labels",
+        tuple(labels.shape),
+        labels.dtype,
+        "| batches per epoch:",
+        len(loader),
+    )
     save_grid(images, out / "shapes_batch.png", nrow=8)
 
     # Your own pictures: one sub-folder per class.

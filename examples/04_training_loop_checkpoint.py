@@ -24,10 +24,12 @@ class Classifier(nn.Module):
         super().__init__()
         self.net = nn.Sequential(
             nn.Flatten(),  # (N, 3*32*32)
-            nn.Linear(3 * 32 * 32, hidden), nn.GELU(),
-            nn.Linear(hidden, hidden), nn.GELU(),
+            nn.Linear(3 * 32 * 32, hidden),
+            nn.GELU(),
+            nn.Linear(hidden, hidden),
+            nn.GELU(),
             nn.Linear(hidden, n_classes),
-        )  # fmt: skip
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)

@@ -22,8 +22,9 @@ class VelocityMLP(nn.Module):
     def __init__(self, hidden: int = 128):
         super().__init__()
         self.config = SimpleNamespace(n_classes=1)  # the sampler's contract: labels 0..n_classes
-        self.net = nn.Sequential(nn.Linear(3, hidden), nn.SiLU(), nn.Linear(hidden, hidden), nn.SiLU(),
-                                 nn.Linear(hidden, 2))  # fmt: skip
+        self.net = nn.Sequential(
+            nn.Linear(3, hidden), nn.SiLU(), nn.Linear(hidden, hidden), nn.SiLU(), nn.Linear(hidden, 2)
+        )
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
         return self.net(torch.cat([x, t.unsqueeze(1)], dim=1))
@@ -55,8 +56,10 @@ def main() -> None:
     noise = torch.randn(2000, 2, generator=gen)
     res = sample("euler", model, noise, torch.zeros(2000, dtype=torch.long), steps=50)
     radius = res.x.norm(dim=1)
-    print(f"noise radius {noise.norm(dim=1).mean():.2f} -> sample radius {radius.mean():.3f} "
-          f"(std {radius.std():.3f}) in {res.nfe} model evaluations; the data lie at radius 1")
+    print(
+        f"noise radius {noise.norm(dim=1).mean():.2f} -> sample radius {radius.mean():.3f} "
+        f"(std {radius.std():.3f}) in {res.nfe} model evaluations; the data lie at radius 1"
+    )
     if not 0.85 < radius.median().item() < 1.15:
         raise SystemExit("samples did not reach the ring: train longer (--steps)")
 

@@ -39,8 +39,10 @@ def main() -> None:
         ("pure noise (uniform pixels)", torch.randint(0, 256, real.shape, generator=g, dtype=torch.uint8)),
     ]
     tag = FEATURE_NETS[args.data]
-    print(f"{args.data}, {args.n} images per row against the test split; {platform.machine()}, "
-          f"torch {torch.__version__}, {datetime.date.today()}")
+    print(
+        f"{args.data}, {args.n} images per row against the test split; {platform.machine()}, "
+        f"torch {torch.__version__}, {datetime.date.today()}"
+    )
     print(f"command: python scripts/calibrate_metrics.py {' '.join(sys.argv[1:])}")
     print()
     print(f"| images | fid_{tag} | kid_{tag} (x1000) | precision | recall | class consistency |")
@@ -48,9 +50,11 @@ def main() -> None:
     for name, images in rows:
         m = evaluate(images, labels, args.data)
         kid_text = f"{1000 * m[f'kid_{tag}_mean']:.3f} ± {1000 * m[f'kid_{tag}_std']:.3f}"
-        print(f"| {name} | {m[f'fid_{tag}']:.3f} | {kid_text} "
-              f"| {m[f'precision_{tag}']:.3f} | {m[f'recall_{tag}']:.3f} | {m[f'class_consistency_{tag}']:.3f} |",
-              flush=True)
+        print(
+            f"| {name} | {m[f'fid_{tag}']:.3f} | {kid_text} "
+            f"| {m[f'precision_{tag}']:.3f} | {m[f'recall_{tag}']:.3f} | {m[f'class_consistency_{tag}']:.3f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -37,8 +37,13 @@ def made_failures(attrs: list[dict], rng: np.random.Generator) -> dict[str, tupl
     from torchvision.transforms.functional import gaussian_blur
 
     tri, cross = SHAPES.index("triangle"), SHAPES.index("cross")
-    out: dict[str, list] = {"thin triangle": [], "Y for a triangle": [], "speckled cross": [],
-                            "two colours in one shape": [], "blur std 3 px": []}  # fmt: skip
+    out: dict[str, list] = {
+        "thin triangle": [],
+        "Y for a triangle": [],
+        "speckled cross": [],
+        "two colours in one shape": [],
+        "blur std 3 px": [],
+    }
     labels = {"thin triangle": tri, "Y for a triangle": tri, "speckled cross": cross}
     blur_labels = []
     for a in attrs:
@@ -54,14 +59,17 @@ def made_failures(attrs: list[dict], rng: np.random.Generator) -> dict[str, tupl
         cov = shape_coverage(kind, np.array([size]), np.array([cx]), np.array([cy]), 32)[0]
         others = [c for c in COLORS if c not in (a["color"], a["background"])]
         out["two colours in one shape"].append(
-            np.roll(two_colour(np.roll(cov, -shift[0], 1), a["color"], others[0], a["background"]), shift[0], 2))
-        sharp = paint(shape_coverage(kind, np.array([size]), np.array([cx]), np.array([cy]), 32)[0], a["color"],
-                      a["background"])  # fmt: skip
+            np.roll(two_colour(np.roll(cov, -shift[0], 1), a["color"], others[0], a["background"]), shift[0], 2)
+        )
+        sharp = paint(
+            shape_coverage(kind, np.array([size]), np.array([cx]), np.array([cy]), 32)[0], a["color"], a["background"]
+        )
         blurred = gaussian_blur(torch.from_numpy(sharp).float()[None], kernel_size=15, sigma=3.0)[0]
         out["blur std 3 px"].append(blurred.round().clamp(0, 255).to(torch.uint8).numpy())
         blur_labels.append(kind)
-    result = {k: (np.stack(v), np.full(len(v), labels[k]) if k in labels else np.array(blur_labels))
-              for k, v in out.items()}  # fmt: skip
+    result = {
+        k: (np.stack(v), np.full(len(v), labels[k]) if k in labels else np.array(blur_labels)) for k, v in out.items()
+    }
     return result
 
 
@@ -76,8 +84,11 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     noisy = to_uint8(from_uint8(test.images) + (2 * 25 / 255) * torch.randn(test.images.shape, generator=g))
     wrong = (labels + 1 + np.arange(len(labels)) % 3) % 4
-    cases = {"real": (test.images.numpy(), labels), "real + noise std 25/255": (noisy.numpy(), labels),
-             "real, wrong labels": (test.images.numpy(), wrong)}  # fmt: skip
+    cases = {
+        "real": (test.images.numpy(), labels),
+        "real + noise std 25/255": (noisy.numpy(), labels),
+        "real, wrong labels": (test.images.numpy(), wrong),
+    }
     cases.update(made_failures(test.attrs, np.random.default_rng(0)))
     print("| images | n | passes | " + " | ".join(SHAPES) + " |")
     print("|---|---|---|" + "---|" * len(SHAPES))

@@ -82,14 +82,23 @@ def main() -> None:
 
     fig = plt.figure(figsize=(13, 8.6))
     top = fig.add_gridspec(5, len(COLUMNS), left=0.17, right=0.6, top=0.92, bottom=0.03, hspace=0.1, wspace=0.06)
-    rows = ("training path\nx_t = (1 - t) x0 + t noise", "velocity to learn\nv = noise - x0",
-            f"sampling: Euler path\n{STEPS} steps, guidance {GUIDANCE:g}", "the model's velocity\nv(x_t, t) there",
-            "the model's guess\nx0 = x_t - t v(x_t, t)")  # fmt: skip
+    rows = (
+        "training path\nx_t = (1 - t) x0 + t noise",
+        "velocity to learn\nv = noise - x0",
+        f"sampling: Euler path\n{STEPS} steps, guidance {GUIDANCE:g}",
+        "the model's velocity\nv(x_t, t) there",
+        "the model's guess\nx0 = x_t - t v(x_t, t)",
+    )
     target = show_velocity(velocity_target(x0, noise[0]))  # the same at every t
     for c, t in enumerate(COLUMNS):
         x_t, v, guess = (a[0] for a in path[round(t, 6)])
-        cells = (to_rgb(interpolate(x0[None], noise, torch.tensor([t]))[0]), target, to_rgb(x_t), show_velocity(v),
-                 to_rgb(guess))  # fmt: skip
+        cells = (
+            to_rgb(interpolate(x0[None], noise, torch.tensor([t]))[0]),
+            target,
+            to_rgb(x_t),
+            show_velocity(v),
+            to_rgb(guess),
+        )
         for r, cell in enumerate(cells):
             ax = fig.add_subplot(top[r, c])
             ax.set_xticks([])
@@ -99,11 +108,11 @@ def main() -> None:
                 ax.set_title(f"t = {t:g}" + (" (noise)" if t == 1 else " (data)" if t == 0 else ""), fontsize=10)
             if c == 0:
                 ax.set_ylabel(rows[r], fontsize=9, rotation=0, ha="right", va="center")
-    fig.text(0.385, 0.975, f"one `shapes` image ({SHAPES[label]}) and one noise, t from 1 to 0", ha="center",
-             fontsize=11)  # fmt: skip
+    fig.text(
+        0.385, 0.975, f"one `shapes` image ({SHAPES[label]}) and one noise, t from 1 to 0", ha="center", fontsize=11
+    )
 
-    side = fig.add_gridspec(len(GUIDANCE_ROW), 4, left=0.7, right=0.98, top=0.92, bottom=0.5, hspace=0.1,
-                            wspace=0.06)  # fmt: skip
+    side = fig.add_gridspec(len(GUIDANCE_ROW), 4, left=0.7, right=0.98, top=0.92, bottom=0.5, hspace=0.1, wspace=0.06)
     for r, s in enumerate(GUIDANCE_ROW):
         for c in range(4):
             ax = fig.add_subplot(side[r, c])
@@ -115,10 +124,17 @@ def main() -> None:
             if c == 0:
                 ax.set_ylabel(f"s = {s:g}", fontsize=9)
     fig.text(0.84, 0.975, f"guidance s (Euler {STEPS} steps; one noise per column)", ha="center", fontsize=11)
-    fig.text(0.68, 0.42, "One Euler step, from t to t - dt:\n\n    x_{t - dt} = x_t - dt · v(x_t, t)\n\n"
-             "Guidance mixes the model's velocity with\nand without the class:\n\n"
-             "    v = v_uncond + s (v_cond - v_uncond)\n\n"
-             "s = 1 is the conditional velocity alone.", fontsize=9.5, va="top", family="monospace")  # fmt: skip
+    fig.text(
+        0.68,
+        0.42,
+        "One Euler step, from t to t - dt:\n\n    x_{t - dt} = x_t - dt · v(x_t, t)\n\n"
+        "Guidance mixes the model's velocity with\nand without the class:\n\n"
+        "    v = v_uncond + s (v_cond - v_uncond)\n\n"
+        "s = 1 is the conditional velocity alone.",
+        fontsize=9.5,
+        va="top",
+        family="monospace",
+    )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.out, dpi=110)
     print(f"wrote {args.out}: class {SHAPES[label]}, seed {args.seed}")

@@ -26,11 +26,15 @@ from pathlib import Path
 from tinydit.config import TrainConfig
 
 HEADERS = {
-    "shapes": ("| machine | precision | torch | date | seed | steps | `shape_strict`, 1,000 samples "
-               "| circles / squares / triangles / crosses | command |\n|---|---|---|---|---|---|---|---|---|"),
-    "fashion-mnist": ("| machine | precision | torch | date | seed | steps | `fid_fmnist_cnn` | samples | command |\n"
-                      "|---|---|---|---|---|---|---|---|---|"),
-}  # fmt: skip
+    "shapes": (
+        "| machine | precision | torch | date | seed | steps | `shape_strict`, 1,000 samples "
+        "| circles / squares / triangles / crosses | command |\n|---|---|---|---|---|---|---|---|---|"
+    ),
+    "fashion-mnist": (
+        "| machine | precision | torch | date | seed | steps | `fid_fmnist_cnn` | samples | command |\n"
+        "|---|---|---|---|---|---|---|---|---|"
+    ),
+}
 KINDS = ("circle", "square", "triangle", "cross")
 NOT_FLAGS = ("out", "data", "minutes", "steps")  # written first, or not at all
 ON_OFF = {f.name for f in fields(TrainConfig) if "bool" in str(f.type) and "None" in str(f.type)}  # --qk-norm on
@@ -48,8 +52,11 @@ def this_machine() -> str:
         return platform.processor() or platform.machine()
     names = re.findall(r"^model name\s*:\s*(.+)$", info, re.M)
     flags = set(re.search(r"^flags\s*:\s*(.+)$", info, re.M)[1].split()) if "flags" in info else set()
-    extras = [name for flag, name in (("amx_bf16", "AMX"), ("avx512_bf16", "AVX-512 with bf16"),
-                                      ("avx512f", "AVX-512")) if flag in flags]  # fmt: skip
+    extras = [
+        name
+        for flag, name in (("amx_bf16", "AMX"), ("avx512_bf16", "AVX-512 with bf16"), ("avx512f", "AVX-512"))
+        if flag in flags
+    ]
     extra = extras[0] if extras else "no AVX-512"
     return f"{len(names)}-core {names[0] if names else platform.machine()}, {extra}"
 
@@ -69,8 +76,9 @@ def flag_words(name: str, value) -> list[str]:
 def train_command(train: dict) -> str:
     """The shortest `tinydit train` command whose config resolves to ``train`` (config.json's "train")."""
     budget = {"minutes": train.get("minutes"), "steps": train.get("steps")}
-    defaults = TrainConfig(data=train["data"], model=train.get("model", "dit"), cond=train.get("cond"),
-                           **budget).to_dict()  # fmt: skip
+    defaults = TrainConfig(
+        data=train["data"], model=train.get("model", "dit"), cond=train.get("cond"), **budget
+    ).to_dict()
     words = ["tinydit", "train", "--data", train["data"]]
     words += [w for k in ("minutes", "steps") if budget[k] is not None for w in flag_words(k, budget[k])]
     for name, value in train.items():

@@ -39,11 +39,15 @@ def main() -> None:
     p.add_argument("--about", help="the command, seed, machine, torch version and date it was trained")
     p.add_argument("--n", type=int, default=1000, help="samples for the card's metrics")
     p.add_argument("--check-n", type=int, default=200, help="samples of the check the tests repeat")
-    p.add_argument("--check-steps", type=int, default=None,
-                   help="sampler steps of the check (default: the recorded settings' own)")
+    p.add_argument(
+        "--check-steps", type=int, default=None, help="sampler steps of the check (default: the recorded settings' own)"
+    )
     p.add_argument("--check-only", action="store_true", help="record the check again, keep the folder as it is")
-    p.add_argument("--card-only", action="store_true",
-                   help="write the model card (README.md) again from config.json, after a change to its template")
+    p.add_argument(
+        "--card-only",
+        action="store_true",
+        help="write the model card (README.md) again from config.json, after a change to its template",
+    )
     p.add_argument("--metrics", default=None, help="an evaluation of this export already made (metrics.json)")
     args = p.parse_args()
     if not (args.check_only or args.card_only) and not (args.checkpoint and args.about):
@@ -57,8 +61,13 @@ def main() -> None:
         staged = api.export(args.checkpoint, "safetensors", Path(tmp) / args.name, dtype="bfloat16")
         metrics = args.metrics
         if metrics is None:
-            api.evaluate(staged, n=args.n, seed=0, out=Path(tmp) / "eval", command=(
-                f"tinydit eval --pretrained {args.name} --n {args.n} --seed 0 --out eval/{args.name}"))
+            api.evaluate(
+                staged,
+                n=args.n,
+                seed=0,
+                out=Path(tmp) / "eval",
+                command=(f"tinydit eval --pretrained {args.name} --n {args.n} --seed 0 --out eval/{args.name}"),
+            )
             metrics = Path(tmp) / "eval" / "metrics.json"
         api.export(args.checkpoint, "safetensors", folder, dtype="bfloat16", metrics=metrics, about=args.about)
     _record_check(folder, args.check_n, args.check_steps)

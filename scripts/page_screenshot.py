@@ -34,11 +34,26 @@ def main() -> None:
     url = args.page if "://" in args.page else Path(args.page).resolve().as_uri()
     with tempfile.TemporaryDirectory() as tmp:
         shot = Path(tmp) / "shot.png"
-        subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                        "--disable-background-networking", "--disable-component-update", "--hide-scrollbars",
-                        f"--user-data-dir={tmp}/profile", f"--window-size={args.size}",
-                        f"--virtual-time-budget={args.wait}", f"--screenshot={shot}", url],
-                       check=True, capture_output=True, timeout=300)  # fmt: skip
+        subprocess.run(
+            [
+                browser,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--hide-scrollbars",
+                f"--user-data-dir={tmp}/profile",
+                f"--window-size={args.size}",
+                f"--virtual-time-budget={args.wait}",
+                f"--screenshot={shot}",
+                url,
+            ],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
         img = Image.open(shot)
         if args.rows:
             top, bottom = (int(v) for v in args.rows.split(","))

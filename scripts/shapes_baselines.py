@@ -184,8 +184,16 @@ def judge(model: nn.Module, n: int, out: str) -> None:
         lo, hi = interval or (0.0, 1.0)
         gen = torch.Generator().manual_seed(0)
         x = torch.randn((n, 3, 32, 32), generator=gen)
-        parts = [ancestral(guided(model, labels[i : i + 200], cfg, lo, hi), x[i : i + 200], uniform_grid(64),
-                           eta=1.0, generator=gen) for i in range(0, n, 200)]  # fmt: skip
+        parts = [
+            ancestral(
+                guided(model, labels[i : i + 200], cfg, lo, hi),
+                x[i : i + 200],
+                uniform_grid(64),
+                eta=1.0,
+                generator=gen,
+            )
+            for i in range(0, n, 200)
+        ]
         u8 = to_uint8(torch.cat(parts))
         scores = {k: round(v, 3) for k, v in strict_scores(u8, labels).items()}
         print(json.dumps({"guidance": cfg, "interval": interval, **scores}), flush=True)
@@ -240,8 +248,9 @@ def main() -> None:
         model = DiT(get_preset("dit-1.4m", img_size=32, in_channels=3, n_classes=len(SHAPES)))
         hidden: dict[str, torch.Tensor] = {}
         model.blocks[args.layer].register_forward_hook(lambda m, i, o: hidden.__setitem__("tokens", o))
-        projector = nn.Sequential(nn.Linear(model.config.dim, 256), nn.SiLU(), nn.Linear(256, 256), nn.SiLU(),
-                                  nn.Linear(256, 128))
+        projector = nn.Sequential(
+            nn.Linear(model.config.dim, 256), nn.SiLU(), nn.Linear(256, 256), nn.SiLU(), nn.Linear(256, 128)
+        )
 
         class Align(nn.Module):
             def __init__(self):

@@ -25,8 +25,14 @@ from tinydit.images import save_grid, to_uint8
 from tinydit.train import Trainer
 
 
-def make_variant(n_colors: int | None, fixed_bg: str | None, size: str | None, jitter: float = 1.0,
-                 small: str | None = None, large: str | None = None):
+def make_variant(
+    n_colors: int | None,
+    fixed_bg: str | None,
+    size: str | None,
+    jitter: float = 1.0,
+    small: str | None = None,
+    large: str | None = None,
+):
     """A simpler shapes variant for experiments: fewer colours, one background, one size class, or other
     size ranges (``small``/``large`` as "LO-HI", px at 32 px)."""
     from tinydit.data import shapes as S
@@ -69,9 +75,19 @@ def make_variant(n_colors: int | None, fixed_bg: str | None, size: str | None, j
             j = np.flatnonzero(kinds == kind)
             if len(j):
                 images[j] = S._render_batch(kind, fgp[j], bgp[j], sizes[j], cxs[j], cys[j], img_size, 4)
-        attrs = [{"shape": SHAPES[kinds[i]], "color": fg[i], "background": bg[i], "size": S.SIZES[int(large[i])],
-                  "size_px": float(sizes[i]), "cx": float(cxs[i]), "cy": float(cys[i]), "img_size": img_size}
-                 for i in range(n)]
+        attrs = [
+            {
+                "shape": SHAPES[kinds[i]],
+                "color": fg[i],
+                "background": bg[i],
+                "size": S.SIZES[int(large[i])],
+                "size_px": float(sizes[i]),
+                "cx": float(cxs[i]),
+                "cy": float(cys[i]),
+                "img_size": img_size,
+            }
+            for i in range(n)
+        ]
         return images, kinds, attrs
 
     S.make_shapes = make
@@ -113,8 +129,12 @@ def score(x: torch.Tensor, y: torch.Tensor, net) -> dict:
     pix = u8.permute(0, 2, 3, 1).reshape(-1, 3).float().numpy()
     d = np.linalg.norm(pix[:, None] - _PALETTE[None], axis=-1).min(1)
     _, pred = extract(net, u8)
-    return {"shape": round(float(shape), 3), "found": round(float(found), 3),
-            "palette": round(float((d < 40).mean()), 3), "cnn": round(float((pred == y).float().mean()), 3)}
+    return {
+        "shape": round(float(shape), 3),
+        "found": round(float(found), 3),
+        "palette": round(float((d < 40).mean()), 3),
+        "cnn": round(float((pred == y).float().mean()), 3),
+    }
 
 
 def main() -> None:
@@ -156,19 +176,40 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.n_colors or args.bg or args.size or args.jitter != 1.0:
         make_variant(args.n_colors, args.bg, args.size, args.jitter)
-    cfg = TrainConfig(out=args.out, data=args.data, preset=args.preset, steps=args.steps, minutes=args.minutes,
-                      lr=args.lr, ema_decay=args.ema, class_dropout=args.class_dropout, limit=args.limit,
-                      t_sampling=args.t_sampling, t_shift=args.t_shift, batch_size=args.batch_size, sample_every=10**9,
-                      pos=args.pos, pred=args.pred, precision=args.precision,
-                      ckpt_every=10**9, val_every=250, log_every=50)
+    cfg = TrainConfig(
+        out=args.out,
+        data=args.data,
+        preset=args.preset,
+        steps=args.steps,
+        minutes=args.minutes,
+        lr=args.lr,
+        ema_decay=args.ema,
+        class_dropout=args.class_dropout,
+        limit=args.limit,
+        t_sampling=args.t_sampling,
+        t_shift=args.t_shift,
+        batch_size=args.batch_size,
+        sample_every=10**9,
+        pos=args.pos,
+        pred=args.pred,
+        precision=args.precision,
+        ckpt_every=10**9,
+        val_every=250,
+        log_every=50,
+    )
     tr = Trainer(cfg, overwrite=True, progress=False)
     t0 = time.perf_counter()
     res = tr.fit()
     train_s = time.perf_counter() - t0
     net, _ = load_feature_net("shapes_cnn")
     y = class_cycle(args.n, len(SHAPES))
-    out = {"args": vars(args), "step": res.step, "train_s": round(train_s, 1),
-           "val_loss": round(res.val_loss, 4), "val_loss_ema": round(res.val_loss_ema, 4)}
+    out = {
+        "args": vars(args),
+        "step": res.step,
+        "train_s": round(train_s, 1),
+        "val_loss": round(res.val_loss, 4),
+        "val_loss_ema": round(res.val_loss_ema, 4),
+    }
     for name, model in (("ema", tr.run.ema), ("raw", tr.run.model)):
         model.eval()
         out[f"{name}_loss_by_t"] = loss_by_t(model, tr.data.val_set)

@@ -41,8 +41,17 @@ def main() -> None:
 
     ASSETS.mkdir(exist_ok=True)
     path = ASSETS / f"{name}.pt"
-    torch.save({"model": net.state_dict(), "in_channels": x_train.shape[1], "img_size": x_train.shape[2],
-                "n_classes": len(train.classes), "width": 32, "classes": list(train.classes)}, path)  # fmt: skip
+    torch.save(
+        {
+            "model": net.state_dict(),
+            "in_channels": x_train.shape[1],
+            "img_size": x_train.shape[2],
+            "n_classes": len(train.classes),
+            "width": 32,
+            "classes": list(train.classes),
+        },
+        path,
+    )
     manifest_path = ASSETS / "feature_nets.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     manifest[name] = {

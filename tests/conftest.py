@@ -13,8 +13,20 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
     os.environ["OMP_NUM_THREADS"] = "1"
 
-FAST = dict(preset="dit-0.2m", batch_size=16, limit=256, val_size=32, log_every=2, val_every=4,
-            sample_every=1000, ckpt_every=1000, sample_steps=2, warmup=2, precision="fp32", report=False)  # fmt: skip
+FAST = dict(
+    preset="dit-0.2m",
+    batch_size=16,
+    limit=256,
+    val_size=32,
+    log_every=2,
+    val_every=4,
+    sample_every=1000,
+    ckpt_every=1000,
+    sample_steps=2,
+    warmup=2,
+    precision="fp32",
+    report=False,
+)
 
 
 def dead_parameters_after_sgd(model, args, steps: int) -> list[str]:
@@ -72,6 +84,16 @@ NEEDS_CHROMIUM = "needs a Chromium (Debian: apt-get install chromium; .ci/run do
 
 def chromium(profile, *args: str) -> list[str]:
     """A headless Chromium command line that runs as root and reaches nothing outside this machine."""
-    return [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            f"--user-data-dir={profile}", *args]  # fmt: skip
+    return [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        *args,
+    ]

@@ -6,8 +6,9 @@ from tinydit.eval.adherence import confusion_table, score, shape_confusion
 
 def _render(attrs: list[dict]) -> torch.Tensor:
     """uint8 (N, 3, 32, 32): each attribute dict drawn large in the centre."""
-    return torch.stack([torch.from_numpy(render_shape(a["shape"], a["color"], a["background"], 16, 16, 16))
-                        for a in attrs])  # fmt: skip
+    return torch.stack(
+        [torch.from_numpy(render_shape(a["shape"], a["color"], a["background"], 16, 16, 16)) for a in attrs]
+    )
 
 
 def test_rendered_prompts_score_one_and_a_wrong_shape_scores_zero_on_shape_only():

@@ -41,8 +41,10 @@ def test_a_users_dataset_trains_samples_and_resumes(tmp_path):
     state = load_checkpoint(result.checkpoint)
     assert result.step == 4 and state["data"]["name"] == "dataset:Stripes"
     assert state["data"]["classes"] == ["vertical", "horizontal"] and state["model_config"]["img_size"] == 16
-    assert api.train(TrainConfig(out=str(tmp_path / "run"), **{**FAST, "limit": None}, steps=6),
-                     dataset=Stripes(60)).step == 6  # the same command continues it  # fmt: skip
+    assert (
+        api.train(TrainConfig(out=str(tmp_path / "run"), **{**FAST, "limit": None}, steps=6), dataset=Stripes(60)).step
+        == 6
+    )  # the same command continues it
     grid = api.sample(result.checkpoint, n=4, classes=["horizontal"], steps=2, out=tmp_path / "s.png")
     assert grid.x.shape == (4, 1, 16, 16) and grid.labels.tolist() == [1, 1, 1, 1] and grid.path.exists()
     with pytest.raises(TinyDiTError, match="holds a run with other settings.*data: 'dataset:Stripes' -> 'shapes'"):
@@ -61,8 +63,28 @@ def test_a_dataset_of_the_wrong_form_is_refused(tmp_path):
 def test_sample_from_python_equals_the_cli(tiny_run, tmp_path, capsys):
     ckpt = tiny_run[0] / "checkpoint.pt"
     res = api.sample(ckpt, n=6, sampler="heun", steps=3, cfg_scale=1.5, seed=3, out=tmp_path / "a.npz")
-    assert main(["sample", "--checkpoint", ckpt, "--n", 6, "--sampler", "heun", "--steps", 3, "--cfg", 1.5,
-                 "--seed", 3, "--out", tmp_path / "b.npz"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "sample",
+                "--checkpoint",
+                ckpt,
+                "--n",
+                6,
+                "--sampler",
+                "heun",
+                "--steps",
+                3,
+                "--cfg",
+                1.5,
+                "--seed",
+                3,
+                "--out",
+                tmp_path / "b.npz",
+            ]
+        )
+        == 0
+    )
     import numpy as np
 
     a, b = np.load(tmp_path / "a.npz"), np.load(tmp_path / "b.npz")
@@ -123,5 +145,11 @@ def test_presets_from_python_list_every_preset():
     dit = next(r for r in rows if r["preset"] == "dit-1.9m")
     assert dit["switches"] == {"mlp": "swiglu", "pred": "x"} and round(dit["params"] / 1e6, 1) == 1.9
     shapes = next(r for r in rows if r["preset"] == "dit-1.4m")  # the pixel convolutions and skips are shown too
-    assert shapes["switches"] == {"qk_norm": True, "mlp": "swiglu", "pred": "x", "stem": "conv", "head": "conv",
-                                  "skips": True}  # fmt: skip
+    assert shapes["switches"] == {
+        "qk_norm": True,
+        "mlp": "swiglu",
+        "pred": "x",
+        "stem": "conv",
+        "head": "conv",
+        "skips": True,
+    }

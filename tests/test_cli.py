@@ -9,8 +9,25 @@ from PIL import Image
 
 from tinydit.cli import main
 
-FAST_TRAIN = ["--preset", "dit-0.2m", "--batch-size", "16", "--limit", "64", "--log-every", "2", "--val-every", "3",
-              "--sample-every", "3", "--sample-steps", "2", "--warmup", "2", "--no-progress"]  # fmt: skip
+FAST_TRAIN = [
+    "--preset",
+    "dit-0.2m",
+    "--batch-size",
+    "16",
+    "--limit",
+    "64",
+    "--log-every",
+    "2",
+    "--val-every",
+    "3",
+    "--sample-every",
+    "3",
+    "--sample-steps",
+    "2",
+    "--warmup",
+    "2",
+    "--no-progress",
+]
 
 
 def run(args, capsys):
@@ -31,22 +48,26 @@ def test_train_then_sample_every_output_kind(tmp_path, capsys):
     assert "4 model evaluations per image" in err  # 2 steps x (conditional + unconditional)
     assert Image.open(tmp_path / "g.png").size == (4 * 34 + 2, 2 * 34 + 2)  # one column per class
 
-    code, err = run(["sample", "--checkpoint", ckpt, "--n", 5, "--steps", 2, "--cfg", 1, "--out",
-                     tmp_path / "s.npz"], capsys)  # fmt: skip
+    code, err = run(
+        ["sample", "--checkpoint", ckpt, "--n", 5, "--steps", 2, "--cfg", 1, "--out", tmp_path / "s.npz"], capsys
+    )
     assert code == 0 and "2 model evaluations" in err
     data = np.load(tmp_path / "s.npz")
     assert data["images"].dtype == np.uint8 and data["images"].shape == (5, 3, 32, 32)
     assert data["labels"].dtype == np.int64 and data["labels"].tolist() == [0, 1, 2, 3, 0]
 
-    code, err = run(["sample", "--checkpoint", ckpt, "--n", 3, "--steps", 1, "--class", "square",
-                     "--out", tmp_path / "dir"], capsys)  # fmt: skip
+    code, err = run(
+        ["sample", "--checkpoint", ckpt, "--n", 3, "--steps", 1, "--class", "square", "--out", tmp_path / "dir"], capsys
+    )
     assert code == 0, err
     assert sorted(p.name for p in (tmp_path / "dir").iterdir()) == [f"0000{i}_square.png" for i in range(3)]
 
     # the same seed gives the same images, another seed others
     run(["sample", "--checkpoint", ckpt, "--n", 5, "--steps", 2, "--cfg", 1, "--out", tmp_path / "t.npz"], capsys)
-    run(["sample", "--checkpoint", ckpt, "--n", 5, "--steps", 2, "--cfg", 1, "--seed", 1, "--out",
-         tmp_path / "u.npz"], capsys)  # fmt: skip
+    run(
+        ["sample", "--checkpoint", ckpt, "--n", 5, "--steps", 2, "--cfg", 1, "--seed", 1, "--out", tmp_path / "u.npz"],
+        capsys,
+    )
     assert np.array_equal(np.load(tmp_path / "t.npz")["images"], data["images"])
     assert not np.array_equal(np.load(tmp_path / "u.npz")["images"], data["images"])
 
@@ -57,11 +78,11 @@ def test_sampler_options_reach_the_sampler_and_count_evaluations(tmp_path, capsy
     # Heun on the grid 1, 1/2, 0 evaluates at t = 1, 1/2, 1/2 (its last step is Euler's); guided only at t = 1.
     code, err = run([*base, "--sampler", "heun", "--cfg-interval", 0.6, 1, "--out", tmp_path / "h.npz"], capsys)
     assert code == 0 and "(heun, 4 model evaluations per image" in err, err
-    code, err = run([*base, "--sampler", "midpoint", "--grid", "shifted", "--shift", 2, "--out", tmp_path / "m.npz"],
-                    capsys)  # fmt: skip
+    code, err = run(
+        [*base, "--sampler", "midpoint", "--grid", "shifted", "--shift", 2, "--out", tmp_path / "m.npz"], capsys
+    )
     assert code == 0 and "(midpoint, 8 model evaluations per image" in err, err
-    code, err = run([*base, "--sampler", "dopri5", "--rtol", 0.05, "--atol", 0.05, "--out", tmp_path / "d.npz"],
-                    capsys)  # fmt: skip
+    code, err = run([*base, "--sampler", "dopri5", "--rtol", 0.05, "--atol", 0.05, "--out", tmp_path / "d.npz"], capsys)
     assert code == 0 and "(dopri5, " in err, err
     # The ancestral sampler: one evaluation per step, two while guided (here both steps); eta 0 is Euler.
     code, err = run([*base, "--sampler", "ancestral", "--eta", 0.5, "--out", tmp_path / "a.npz"], capsys)
@@ -106,31 +127,46 @@ def _not_a_checkpoint(tmp_path):
     return tmp_path / "other.pt"
 
 
-@pytest.mark.parametrize("make_args, message", [
-    (lambda p: ["train", "--data", "cifar10", "--data-root", p / "empty", "--out", p / "r"], "CIFAR-10 is not in"),
-    (lambda p: ["train", "--data", p, "--out", p / "r"], "no images found"),
-    (lambda p: ["train", "--data", _folder_with_only_corrupt_files(p), "--out", p / "r"], "1 unreadable images"),
-    (lambda p: ["train", "--data", "mnist-ish", "--out", p / "r"], "unknown data set"),
-    (lambda p: ["train", "--preset", "huge", "--out", p / "r"], "unknown preset"),
-    (lambda p: ["train", "--steps", 0, "--out", p / "r"], "--steps must be >= 1"),
-    (lambda p: ["sample", "--checkpoint", p / "missing.pt"], "does not exist"),
-    (lambda p: ["sample", "--checkpoint", _not_a_checkpoint(p)], "not a TinyDiT checkpoint"),
-    (lambda p: ["sample", "--checkpoint", "CKPT", "--class", "hexagon"], "unknown class 'hexagon'"),
-    (lambda p: ["sample", "--checkpoint", "CKPT", "--steps", 0], "--steps must be >= 1"),
-    (lambda p: ["sample", "--checkpoint", "CKPT", "--cfg", -1], "--cfg (the guidance scale) must be >= 0"),
-    (lambda p: ["sample", "--checkpoint", "CKPT", "--out", p / "f.txt"], "use an image file"),
-    (lambda p: ["sample", "--checkpoint", "CKPT", "--n", 0, "--out", p / "x.png"], "--n must be >= 1"),
-    (lambda p: ["sample", "--checkpoint", "CKPT", "--sampler", "rk4"], "unknown sampler 'rk4': use one of euler"),
-    (lambda p: ["sample", "--checkpoint", "CKPT", "--grid", "karras"], "unknown time grid 'karras'"),
-    (lambda p: ["sample", "--checkpoint", "CKPT", "--shift", 2], "--shift applies to the shifted grid only"),
-    (lambda p: ["sample", "--checkpoint", "CKPT", "--cfg-interval", 0.9, 0.1], "needs 0 <= LO <= HI <= 1"),
-    (lambda p: ["sample", "--checkpoint", "CKPT", "--rtol", 1e-3], "--rtol applies to the adaptive sampler"),
-    (lambda p: ["sample", "--checkpoint", "CKPT", "--eta", 0.5], "--eta applies to the stochastic sampler"),
-    (lambda p: ["eval", "--checkpoint", "CKPT", "--sampler", "rk4", "--out", p / "e"], "unknown sampler 'rk4'"),
-    (lambda p: ["sample", "--checkpoint", "CKPT", "--precision", "fp16", "--device", "cpu", "--out", p / "x.png"],
-     "--precision fp16 needs a CUDA device"),
-    (lambda p: ["train", "--precision", "fp16", "--device", "cpu", "--out", p / "r"], "fp16 needs a CUDA device"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "make_args, message",
+    [
+        (lambda p: ["train", "--data", "cifar10", "--data-root", p / "empty", "--out", p / "r"], "CIFAR-10 is not in"),
+        (lambda p: ["train", "--data", p, "--out", p / "r"], "no images found"),
+        (lambda p: ["train", "--data", _folder_with_only_corrupt_files(p), "--out", p / "r"], "1 unreadable images"),
+        (lambda p: ["train", "--data", "mnist-ish", "--out", p / "r"], "unknown data set"),
+        (lambda p: ["train", "--preset", "huge", "--out", p / "r"], "unknown preset"),
+        (lambda p: ["train", "--steps", 0, "--out", p / "r"], "--steps must be >= 1"),
+        (lambda p: ["sample", "--checkpoint", p / "missing.pt"], "does not exist"),
+        (lambda p: ["sample", "--checkpoint", _not_a_checkpoint(p)], "not a TinyDiT checkpoint"),
+        (lambda p: ["sample", "--checkpoint", "CKPT", "--class", "hexagon"], "unknown class 'hexagon'"),
+        (lambda p: ["sample", "--checkpoint", "CKPT", "--steps", 0], "--steps must be >= 1"),
+        (lambda p: ["sample", "--checkpoint", "CKPT", "--cfg", -1], "--cfg (the guidance scale) must be >= 0"),
+        (lambda p: ["sample", "--checkpoint", "CKPT", "--out", p / "f.txt"], "use an image file"),
+        (lambda p: ["sample", "--checkpoint", "CKPT", "--n", 0, "--out", p / "x.png"], "--n must be >= 1"),
+        (lambda p: ["sample", "--checkpoint", "CKPT", "--sampler", "rk4"], "unknown sampler 'rk4': use one of euler"),
+        (lambda p: ["sample", "--checkpoint", "CKPT", "--grid", "karras"], "unknown time grid 'karras'"),
+        (lambda p: ["sample", "--checkpoint", "CKPT", "--shift", 2], "--shift applies to the shifted grid only"),
+        (lambda p: ["sample", "--checkpoint", "CKPT", "--cfg-interval", 0.9, 0.1], "needs 0 <= LO <= HI <= 1"),
+        (lambda p: ["sample", "--checkpoint", "CKPT", "--rtol", 1e-3], "--rtol applies to the adaptive sampler"),
+        (lambda p: ["sample", "--checkpoint", "CKPT", "--eta", 0.5], "--eta applies to the stochastic sampler"),
+        (lambda p: ["eval", "--checkpoint", "CKPT", "--sampler", "rk4", "--out", p / "e"], "unknown sampler 'rk4'"),
+        (
+            lambda p: [
+                "sample",
+                "--checkpoint",
+                "CKPT",
+                "--precision",
+                "fp16",
+                "--device",
+                "cpu",
+                "--out",
+                p / "x.png",
+            ],
+            "--precision fp16 needs a CUDA device",
+        ),
+        (lambda p: ["train", "--precision", "fp16", "--device", "cpu", "--out", p / "r"], "fp16 needs a CUDA device"),
+    ],
+)
 def test_bad_input_is_one_clear_line_and_exit_2(tmp_path, capsys, tiny_run, make_args, message):
     ckpt = tiny_run[0] / "checkpoint.pt"
     args = [ckpt if a == "CKPT" else a for a in make_args(tmp_path)]
@@ -160,8 +196,9 @@ def test_output_under_a_file_is_a_clear_error(tmp_path, capsys, tiny_run):
     (tmp_path / "file").write_text("")
     code, err = run(["train", "--out", tmp_path / "file" / "run"], capsys)
     assert code == 2 and "cannot write to output directory" in err
-    code, err = run(["sample", "--checkpoint", tiny_run[0] / "checkpoint.pt", "--out", tmp_path / "file" / "x.png"],
-                    capsys)  # fmt: skip
+    code, err = run(
+        ["sample", "--checkpoint", tiny_run[0] / "checkpoint.pt", "--out", tmp_path / "file" / "x.png"], capsys
+    )
     assert code == 2 and "not a directory" in err
 
 

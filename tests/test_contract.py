@@ -40,8 +40,10 @@ VARIANTS = [
 
 def _id(c: DiTConfig) -> str:
     kind = f"mmdit-s{c.single_blocks}" if isinstance(c, MMDiTConfig) else f"dit-{c.cond}"
-    return (f"{kind}-{c.in_channels}x{c.img_size}p{c.patch_size}-{c.norm}-{c.mlp}-{c.pos}{'-qk' if c.qk_norm else ''}"
-            f"-{c.pred}{'-shortcut' if c.shortcut else ''}")  # fmt: skip
+    return (
+        f"{kind}-{c.in_channels}x{c.img_size}p{c.patch_size}-{c.norm}-{c.mlp}-{c.pos}{'-qk' if c.qk_norm else ''}"
+        f"-{c.pred}{'-shortcut' if c.shortcut else ''}"
+    )
 
 
 def _kind(config: DiTConfig) -> str:

@@ -85,16 +85,59 @@ def test_sampling_on_cuda_is_seeded_and_matches_the_cpu(tiny_run):
 
 
 def test_ddp_with_nccl_at_world_size_1_trains_what_one_process_trains(tmp_path):
-    flags = ["--data", "shapes", "--preset", "dit-0.2m", "--batch-size", "16", "--limit", "256", "--val-size", "32",
-             "--steps", "12", "--warmup", "2", "--precision", "fp32", "--compile", "off", "--device", "cuda",
-             "--no-report", "--no-progress"]  # fmt: skip
+    flags = [
+        "--data",
+        "shapes",
+        "--preset",
+        "dit-0.2m",
+        "--batch-size",
+        "16",
+        "--limit",
+        "256",
+        "--val-size",
+        "32",
+        "--steps",
+        "12",
+        "--warmup",
+        "2",
+        "--precision",
+        "fp32",
+        "--compile",
+        "off",
+        "--device",
+        "cuda",
+        "--no-report",
+        "--no-progress",
+    ]
     env = {**os.environ, "TINYDIT_OFFLINE": "1"}
-    plain = subprocess.run([sys.executable, "-m", "tinydit", "train", *flags, "--out", str(tmp_path / "one")],
-                           env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    plain = subprocess.run(
+        [sys.executable, "-m", "tinydit", "train", *flags, "--out", str(tmp_path / "one")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert plain.returncode == 0, plain.stderr[-2000:]
-    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", "-m",
-                          "tinydit", "--", "train", *flags, "--out", str(tmp_path / "ddp")], env=env,
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    ddp = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=1",
+            "-m",
+            "tinydit",
+            "--",
+            "train",
+            *flags,
+            "--out",
+            str(tmp_path / "ddp"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert ddp.returncode == 0, ddp.stderr[-2000:]
     a, b = (load_checkpoint(tmp_path / d / "checkpoint.pt")["model"] for d in ("one", "ddp"))
     diff = max((a[k] - b[k]).abs().max().item() for k in a)

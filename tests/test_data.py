@@ -78,8 +78,9 @@ def test_empty_folder_is_a_clear_error(tmp_path):
 
 
 def test_loader_shuffles_for_training_and_keeps_order_for_eval():
-    ds = CachedDataset(torch.arange(10, dtype=torch.uint8).view(10, 1, 1, 1).expand(10, 1, 2, 2).clone(),
-                       torch.arange(10), ["c"] * 10)
+    ds = CachedDataset(
+        torch.arange(10, dtype=torch.uint8).view(10, 1, 1, 1).expand(10, 1, 2, 2).clone(), torch.arange(10), ["c"] * 10
+    )
     evals = [y.tolist() for _, y in make_loader(ds, batch_size=4, shuffle=False, num_workers=0)]
     assert evals == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
     torch.manual_seed(0)

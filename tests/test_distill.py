@@ -107,20 +107,49 @@ def test_distillation_resumes_exactly_reuses_its_paths_and_samples_in_one_step(t
     resumed.fit()
     for k, v in straight.run.model.state_dict().items():
         assert torch.equal(v, resumed.run.model.state_dict()[k]), k
-    code = main(["sample", "--checkpoint", str(tmp_path / "a" / "checkpoint.pt"), "--steps", "1", "--cfg", "1",
-                 "--n", "4", "--precision", "fp32", "--out", str(tmp_path / "one.png")])  # fmt: skip
+    code = main(
+        [
+            "sample",
+            "--checkpoint",
+            str(tmp_path / "a" / "checkpoint.pt"),
+            "--steps",
+            "1",
+            "--cfg",
+            "1",
+            "--n",
+            "4",
+            "--precision",
+            "fp32",
+            "--out",
+            str(tmp_path / "one.png"),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 0 and "1 model evaluations per image" in err and "warning" not in err  # trained settings
-    main(["sample", "--checkpoint", str(tmp_path / "a" / "checkpoint.pt"), "--sampler", "heun", "--n", "2",
-          "--precision", "fp32", "--out", str(tmp_path / "heun.png")])  # fmt: skip
+    main(
+        [
+            "sample",
+            "--checkpoint",
+            str(tmp_path / "a" / "checkpoint.pt"),
+            "--sampler",
+            "heun",
+            "--n",
+            "2",
+            "--precision",
+            "fp32",
+            "--out",
+            str(tmp_path / "heun.png"),
+        ]
+    )
     assert "warning: this checkpoint is a distilled student" in capsys.readouterr().err
     with pytest.raises(TinyDiTError, match="teacher_cfg: 3.0 -> 2.0"):
         Trainer(fast_config(tmp_path / "a", **{**kw, "teacher_cfg": 2.0, "steps": 5}), progress=False)
 
 
 def test_the_distillation_loss_falls_in_a_short_run(tmp_path, teacher):
-    trainer = Trainer(fast_config(tmp_path, steps=40, teacher=str(teacher), **{**DISTILL, "distill_paths": 64}),
-                      progress=False)  # fmt: skip
+    trainer = Trainer(
+        fast_config(tmp_path, steps=40, teacher=str(teacher), **{**DISTILL, "distill_paths": 64}), progress=False
+    )
     # The barely trained teacher's paths are nearly straight, so the student starts close to them: knock
     # it off first, so that there is something to learn.
     torch.manual_seed(1)

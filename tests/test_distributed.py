@@ -24,11 +24,39 @@ from tinydit.distributed import World
 from tinydit.models.checkpoint import load_checkpoint
 from tinydit.models.registry import build_model, config_from_dict
 
-FLAGS = ["--data", "shapes", "--preset", "dit-0.2m", "--batch-size", "16", "--limit", "256", "--val-size", "32",
-         "--log-every", "2", "--val-every", "1000", "--sample-every", "1000", "--ckpt-every", "1000",
-         "--warmup", "2", "--precision", "fp32", "--no-report", "--no-progress"]  # fmt: skip
-ENV = {**os.environ, "TINYDIT_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "TINYDIT_LINEAR_KERNEL": "blas",
-       "OMP_NUM_THREADS": "1"}  # fmt: skip
+FLAGS = [
+    "--data",
+    "shapes",
+    "--preset",
+    "dit-0.2m",
+    "--batch-size",
+    "16",
+    "--limit",
+    "256",
+    "--val-size",
+    "32",
+    "--log-every",
+    "2",
+    "--val-every",
+    "1000",
+    "--sample-every",
+    "1000",
+    "--ckpt-every",
+    "1000",
+    "--warmup",
+    "2",
+    "--precision",
+    "fp32",
+    "--no-report",
+    "--no-progress",
+]
+ENV = {
+    **os.environ,
+    "TINYDIT_OFFLINE": "1",
+    "PYTHONUNBUFFERED": "1",
+    "TINYDIT_LINEAR_KERNEL": "blas",
+    "OMP_NUM_THREADS": "1",
+}
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 # 2 ranks against 1: each rank averages its 8 images' losses and DDP averages the 2 gradients, where one
 # process averages 16 at once; the sums round differently (about 1e-7 relative per step), and Adam's
@@ -129,8 +157,13 @@ def test_sigterm_on_one_rank_stops_both_at_one_step_with_a_checkpoint(runs, tmp_
     """The stop reaches every rank at the same step; the checkpoint then continues bit-exactly."""
     root, _ = runs
     out = tmp_path / "run"
-    proc = subprocess.Popen(_torchrun(2, "train", *FLAGS, "--steps", 100000, "--out", out), env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        _torchrun(2, "train", *FLAGS, "--steps", 100000, "--out", out),
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     workers = []
     try:
         metrics = out / "metrics.jsonl"
@@ -187,8 +220,13 @@ def _workers(parent: int) -> list[int]:
 
 def test_a_killed_rank_ends_the_others_within_seconds(tmp_path):
     out = tmp_path / "run"
-    proc = subprocess.Popen(_torchrun(2, "train", *FLAGS, "--steps", 100000, "--out", out, "--ckpt-every", 5),
-                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        _torchrun(2, "train", *FLAGS, "--steps", 100000, "--out", out, "--ckpt-every", 5),
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     workers = []
     try:
         deadline = time.time() + 120
@@ -222,18 +260,45 @@ def test_two_local_nodes_rendezvous_over_c10d(runs, tmp_path):
     root, _ = runs
     port = _port()
     args = ["-m", "tinydit", "--", "train", *FLAGS, "--steps", "12", "--out", str(tmp_path / "run")]
-    nodes = [subprocess.Popen([*TORCHRUN, "--nnodes=2", "--nproc_per_node=1", "--rdzv-backend=c10d",
-                               f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=test", *args],
-                              env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for _ in range(2)]  # fmt: skip
+    nodes = [
+        subprocess.Popen(
+            [
+                *TORCHRUN,
+                "--nnodes=2",
+                "--nproc_per_node=1",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{port}",
+                "--rdzv-id=test",
+                *args,
+            ],
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     outputs = [node.communicate(timeout=240)[0] for node in nodes]
     assert all(node.returncode == 0 for node in nodes), outputs
     assert _max_diff(_state(tmp_path / "run")["model"], _state(root / "one")["model"]) < ATOL
 
 
 def test_an_uneven_global_batch_is_refused_naming_the_flag(tmp_path):
-    cmd = [sys.executable, "-m", "tinydit", "train", *FLAGS, "--out", str(tmp_path / "run"), "--nproc", "2",
-           "--steps", "2", "--batch-size", "15"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "tinydit",
+        "train",
+        *FLAGS,
+        "--out",
+        str(tmp_path / "run"),
+        "--nproc",
+        "2",
+        "--steps",
+        "2",
+        "--batch-size",
+        "15",
+    ]
     proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=240)
     assert proc.returncode != 0
     assert "--batch-size 15 (the global batch) does not split evenly over 2 processes" in proc.stderr
@@ -242,8 +307,19 @@ def test_an_uneven_global_batch_is_refused_naming_the_flag(tmp_path):
 
 def test_sampling_split_over_ranks_gives_the_images_of_one_process(runs, tmp_path):
     root, _ = runs
-    args = ["sample", "--checkpoint", root / "one" / "checkpoint.pt", "--n", 13, "--steps", 3, "--sampler", "heun",
-            "--precision", "fp32"]  # fmt: skip
+    args = [
+        "sample",
+        "--checkpoint",
+        root / "one" / "checkpoint.pt",
+        "--n",
+        13,
+        "--steps",
+        3,
+        "--sampler",
+        "heun",
+        "--precision",
+        "fp32",
+    ]
     _run([sys.executable, "-m", "tinydit", *map(str, args), "--out", str(tmp_path / "one.npz")])
     log = _run(_torchrun(2, *args, "--out", tmp_path / "two.npz"))
     one, two = np.load(tmp_path / "one.npz"), np.load(tmp_path / "two.npz")
@@ -258,8 +334,19 @@ def test_sampling_split_over_ranks_gives_the_images_of_one_process(runs, tmp_pat
 
 def test_evaluation_split_over_ranks_scores_what_one_process_scores(runs, tmp_path, eval_cache):
     root, _ = runs
-    args = ["eval", "--checkpoint", root / "one" / "checkpoint.pt", "--n", 24, "--steps", 2, "--sampler", "euler",
-            "--cache-dir", eval_cache]  # fmt: skip
+    args = [
+        "eval",
+        "--checkpoint",
+        root / "one" / "checkpoint.pt",
+        "--n",
+        24,
+        "--steps",
+        2,
+        "--sampler",
+        "euler",
+        "--cache-dir",
+        eval_cache,
+    ]
     _run([sys.executable, "-m", "tinydit", *map(str, args), "--out", str(tmp_path / "one")])
     log = _run(_torchrun(2, *args, "--out", tmp_path / "two"))
     one, two = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("one", "two"))

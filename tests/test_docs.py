@@ -105,16 +105,24 @@ def test_every_command_on_the_front_door_parses(where, argv):
     assert error is None, f"{where}: tinydit {shlex.join(argv)}\n{error}"
 
 
-@pytest.mark.parametrize("line, expected", [
-    ("tinydit sample --pretrained shapes --out a.png", [["sample", "--pretrained", "shapes", "--out", "a.png"]]),
-    ("pip install -e . && tinydit train --data shapes --minutes 5  # five minutes",
-     [["train", "--data", "shapes", "--minutes", "5"]]),
-    ("torchrun --nproc_per_node 2 -m tinydit -- eval --n 10 --out e", [["eval", "--n", "10", "--out", "e"]]),
-    ("TINYDIT_OFFLINE=1 python -m tinydit presets", [["presets"]]),
-    ('tinydit sample --checkpoint c.pt --prompt "a red circle" --out p.png',
-     [["sample", "--checkpoint", "c.pt", "--prompt", "a red circle", "--out", "p.png"]]),
-    ("tensorboard --logdir runs/seen/tensorboard", []),
-], ids=["tinydit", "after-pip", "torchrun", "env-and-python-m", "quoted", "other-program"])  # fmt: skip
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        ("tinydit sample --pretrained shapes --out a.png", [["sample", "--pretrained", "shapes", "--out", "a.png"]]),
+        (
+            "pip install -e . && tinydit train --data shapes --minutes 5  # five minutes",
+            [["train", "--data", "shapes", "--minutes", "5"]],
+        ),
+        ("torchrun --nproc_per_node 2 -m tinydit -- eval --n 10 --out e", [["eval", "--n", "10", "--out", "e"]]),
+        ("TINYDIT_OFFLINE=1 python -m tinydit presets", [["presets"]]),
+        (
+            'tinydit sample --checkpoint c.pt --prompt "a red circle" --out p.png',
+            [["sample", "--checkpoint", "c.pt", "--prompt", "a red circle", "--out", "p.png"]],
+        ),
+        ("tensorboard --logdir runs/seen/tensorboard", []),
+    ],
+    ids=["tinydit", "after-pip", "torchrun", "env-and-python-m", "quoted", "other-program"],
+)
 def test_commands_are_read_from_shell_lines(line, expected):
     assert tinydit_argvs(line) == expected
 

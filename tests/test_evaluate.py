@@ -23,11 +23,20 @@ from tinydit.eval.features import extract, load_feature_net
 HAS_FMNIST = fashion_mnist_available()
 
 
-@pytest.mark.parametrize("data, name, floor", [
-    ("shapes", "shapes_cnn", 0.99),
-    pytest.param("fashion-mnist", "fmnist_cnn", 0.88, marks=pytest.mark.skipif(
-        not HAS_FMNIST, reason="Fashion-MNIST is absent (./data and Debian's dataset-fashion-mnist)")),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "data, name, floor",
+    [
+        ("shapes", "shapes_cnn", 0.99),
+        pytest.param(
+            "fashion-mnist",
+            "fmnist_cnn",
+            0.88,
+            marks=pytest.mark.skipif(
+                not HAS_FMNIST, reason="Fashion-MNIST is absent (./data and Debian's dataset-fashion-mnist)"
+            ),
+        ),
+    ],
+)
 def test_shipped_feature_nets_load_and_are_accurate_on_held_out_images(data, name, floor):
     net, record = load_feature_net(name)  # checks the file against its recorded SHA-256
     assert net.feature_dim == 128 and not net.training
@@ -38,14 +47,29 @@ def test_shipped_feature_nets_load_and_are_accurate_on_held_out_images(data, nam
     assert abs(accuracy - record["test_accuracy"]) < 0.03  # the manifest tells the truth
 
 
-@pytest.mark.parametrize("data", ["shapes", pytest.param("fashion-mnist", marks=pytest.mark.skipif(
-    not HAS_FMNIST, reason="Fashion-MNIST is absent (./data and Debian's dataset-fashion-mnist)"))])
+@pytest.mark.parametrize(
+    "data",
+    [
+        "shapes",
+        pytest.param(
+            "fashion-mnist",
+            marks=pytest.mark.skipif(
+                not HAS_FMNIST, reason="Fashion-MNIST is absent (./data and Debian's dataset-fashion-mnist)"
+            ),
+        ),
+    ],
+)
 def test_metrics_worsen_monotonically_with_blur_and_noise(data, eval_cache):
     real = load_dataset(data, train=True, limit=1000).images
     labels = load_dataset(data, train=True, limit=1000).labels
     results = {}
-    for name, imgs in [("real", real), ("blur1", blur(real, 1)), ("blur3", blur(real, 3)),
-                       ("noise16", add_noise(real, 16)), ("noise48", add_noise(real, 48))]:  # fmt: skip
+    for name, imgs in [
+        ("real", real),
+        ("blur1", blur(real, 1)),
+        ("blur3", blur(real, 3)),
+        ("noise16", add_noise(real, 16)),
+        ("noise48", add_noise(real, 48)),
+    ]:
         results[name] = evaluate(imgs, labels, data, cache_dir=eval_cache, kid_subsets=10)
     tag = "shapes_cnn" if data == "shapes" else "fmnist_cnn"
     fid = {k: v[f"fid_{tag}"] for k, v in results.items()}
@@ -65,6 +89,7 @@ def test_reference_cache_is_reused_and_invalidated_when_weights_change(tmp_path,
 
     calls = []
     real_reference_images = ev.reference_images
+
     def reference_images(*a, **k):  # counted, and the first 1,000 images: what is cached matters here, not how many
         calls.append(a)
         images, labels = real_reference_images(*a, **k)
@@ -118,8 +143,11 @@ def test_accepted_sizes_dtypes_and_layouts():
     assert torch.equal(to_eval_images(padded, "fashion-mnist"), x)  # 32x32 padded copies
     as_float = x.float() / 127.5 - 1
     assert torch.equal(to_eval_images(as_float, "fashion-mnist"), x)  # float [-1, 1] quantised the same way
-    for bad in (torch.zeros(4, 3, 28, 28, dtype=torch.uint8), torch.zeros(4, 1, 30, 30, dtype=torch.uint8),
-                torch.zeros(4, 3, 64, 64)):  # fmt: skip
+    for bad in (
+        torch.zeros(4, 3, 28, 28, dtype=torch.uint8),
+        torch.zeros(4, 1, 30, 30, dtype=torch.uint8),
+        torch.zeros(4, 3, 64, 64),
+    ):
         with pytest.raises(TinyDiTError, match="accepted sizes are 1x28x28 or 1x32x32"):
             to_eval_images(bad, "fashion-mnist")
     with pytest.raises(TinyDiTError, match="dtype torch.int32"):
@@ -146,26 +174,79 @@ def test_load_samples_from_folder_reads_class_names(tmp_path):
 
 def test_eval_cli_end_to_end_on_a_tiny_checkpoint(tiny_run, tmp_path, capsys, eval_cache):
     ckpt = tiny_run[0] / "checkpoint.pt"
-    code = main(["eval", "--checkpoint", str(ckpt), "--n", "40", "--steps", "2", "--out", str(tmp_path / "ev"),
-                 "--cache-dir", str(eval_cache)])  # fmt: skip
+    code = main(
+        [
+            "eval",
+            "--checkpoint",
+            str(ckpt),
+            "--n",
+            "40",
+            "--steps",
+            "2",
+            "--out",
+            str(tmp_path / "ev"),
+            "--cache-dir",
+            str(eval_cache),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 0, err
     metrics = json.loads((tmp_path / "ev" / "metrics.json").read_text())
-    for key in ("fid_shapes_cnn", "kid_shapes_cnn_mean", "kid_shapes_cnn_std", "precision_shapes_cnn",
-                "recall_shapes_cnn", "class_consistency_shapes_cnn"):  # fmt: skip
+    for key in (
+        "fid_shapes_cnn",
+        "kid_shapes_cnn_mean",
+        "kid_shapes_cnn_std",
+        "precision_shapes_cnn",
+        "recall_shapes_cnn",
+        "class_consistency_shapes_cnn",
+    ):
         assert isinstance(metrics[key], float), key
     assert metrics["n_samples"] == 40 and metrics["nfe_per_image"] == 4 and metrics["eval_seconds"] > 0
-    assert metrics["sampler"] == {"name": "euler", "steps": 2, "cfg": 2.0, "grid": "uniform", "shift": None,
-                                  "cfg_interval": None, "seed": 0}  # fmt: skip
+    assert metrics["sampler"] == {
+        "name": "euler",
+        "steps": 2,
+        "cfg": 2.0,
+        "grid": "uniform",
+        "shift": None,
+        "cfg_interval": None,
+        "seed": 0,
+    }
     assert metrics["command"].startswith(f"tinydit eval --checkpoint {ckpt} --n 40")
     report = (tmp_path / "ev" / "report.md").read_text()
     assert "fid_shapes_cnn" in report and "samples_by_class.png" in report and "- sampler: name euler" in report
 
     # the same samples written to .npz evaluate to the same numbers (eval generates in fp32)
-    assert main(["sample", "--checkpoint", str(ckpt), "--n", "40", "--steps", "2", "--precision", "fp32", "--out",
-                 str(tmp_path / "s.npz")]) == 0  # fmt: skip
-    code = main(["eval", "--samples", str(tmp_path / "s.npz"), "--data", "shapes", "--out", str(tmp_path / "ev2"),
-                 "--cache-dir", str(eval_cache)])  # fmt: skip
+    assert (
+        main(
+            [
+                "sample",
+                "--checkpoint",
+                str(ckpt),
+                "--n",
+                "40",
+                "--steps",
+                "2",
+                "--precision",
+                "fp32",
+                "--out",
+                str(tmp_path / "s.npz"),
+            ]
+        )
+        == 0
+    )
+    code = main(
+        [
+            "eval",
+            "--samples",
+            str(tmp_path / "s.npz"),
+            "--data",
+            "shapes",
+            "--out",
+            str(tmp_path / "ev2"),
+            "--cache-dir",
+            str(eval_cache),
+        ]
+    )
     assert code == 0
     again = json.loads((tmp_path / "ev2" / "metrics.json").read_text())
     assert again["fid_shapes_cnn"] == pytest.approx(metrics["fid_shapes_cnn"], rel=1e-6)
@@ -174,18 +255,42 @@ def test_eval_cli_end_to_end_on_a_tiny_checkpoint(tiny_run, tmp_path, capsys, ev
 
 def test_eval_cli_errors(tmp_path, capsys, monkeypatch):
     np.savez(tmp_path / "wrong.npz", images=np.zeros((20, 3, 28, 28), np.uint8))
-    code = main(["eval", "--samples", str(tmp_path / "wrong.npz"), "--data", "fashion-mnist", "--out",
-                 str(tmp_path / "o")])  # fmt: skip
+    code = main(
+        ["eval", "--samples", str(tmp_path / "wrong.npz"), "--data", "fashion-mnist", "--out", str(tmp_path / "o")]
+    )
     assert code == 2 and "accepted sizes are 1x28x28 or 1x32x32" in capsys.readouterr().err
     np.savez(tmp_path / "few.npz", images=np.zeros((3, 3, 32, 32), np.uint8))
-    code = main(["eval", "--samples", str(tmp_path / "few.npz"), "--data", "shapes", "--out", str(tmp_path / "o"),
-                 "--cache-dir", str(tmp_path / "c")])  # fmt: skip
+    code = main(
+        [
+            "eval",
+            "--samples",
+            str(tmp_path / "few.npz"),
+            "--data",
+            "shapes",
+            "--out",
+            str(tmp_path / "o"),
+            "--cache-dir",
+            str(tmp_path / "c"),
+        ]
+    )
     assert code == 2 and "too few" in capsys.readouterr().err
     monkeypatch.setattr("tinydit.data.datasets.DEBIAN_FASHION_MNIST", tmp_path / "nowhere")
     np.savez(tmp_path / "ok.npz", images=np.zeros((20, 1, 28, 28), np.uint8))
-    code = main(["eval", "--samples", str(tmp_path / "ok.npz"), "--data", "fashion-mnist", "--data-root",
-                 str(tmp_path / "empty"), "--out", str(tmp_path / "o"),
-                 "--cache-dir", str(tmp_path / "c")])  # fmt: skip
+    code = main(
+        [
+            "eval",
+            "--samples",
+            str(tmp_path / "ok.npz"),
+            "--data",
+            "fashion-mnist",
+            "--data-root",
+            str(tmp_path / "empty"),
+            "--out",
+            str(tmp_path / "o"),
+            "--cache-dir",
+            str(tmp_path / "c"),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "Fashion-MNIST is not in" in err and err.count(": error: ") == 1
 

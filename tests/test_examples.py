@@ -25,8 +25,9 @@ def test_every_example_is_covered():
 @pytest.mark.parametrize("name", sorted(ARGS))
 def test_example_runs(name, tmp_path):
     args = [a.format(out=tmp_path) for a in ARGS[name]]
-    res = subprocess.run([sys.executable, str(EXAMPLES / name), *args], capture_output=True, text=True,
-                         timeout=300, cwd=tmp_path)  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, str(EXAMPLES / name), *args], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     out = res.stdout
     if name.startswith("01"):  # permute is reversible, reshape is not; a batch of 3 RGB images in [-1, 1]
@@ -42,8 +43,11 @@ def test_example_runs(name, tmp_path):
         assert "batch: (64, 3, 32, 32) torch.float32" in out and "labels (64,) torch.int64" in out
         lo, hi = map(float, re.search(r"range \[([-\d.]+), ([-\d.]+)\]", out).groups())
         assert -1.0 <= lo < hi <= 1.0
-        assert re.search(r"40 images in .* classes: \{'circle': 0, 'cross': 1, 'square': 2, 'triangle': 3\} "
-                         r"\| batch \(8, 3, 32, 32\)", out)  # fmt: skip
+        assert re.search(
+            r"40 images in .* classes: \{'circle': 0, 'cross': 1, 'square': 2, 'triangle': 3\} "
+            r"\| batch \(8, 3, 32, 32\)",
+            out,
+        )
         assert len(list((tmp_path / "my_images").rglob("*.png"))) == 40
         assert _grid_of(tmp_path / "shapes_batch.png", 64)
     if name.startswith("04"):  # the checkpoint round trip resumes bit-exactly

@@ -28,8 +28,12 @@ def write_run(root: Path, metrics: dict, **train) -> tuple[Path, Path]:
     run, evaluation = root / "run", root / "eval"
     run.mkdir()
     evaluation.mkdir()
-    config = {"train": {**cfg.to_dict(), "preset": cfg.preset}, "data": {"name": cfg.data}, "precision": "bf16",
-              "torch_version": "2.14.1+cpu"}  # fmt: skip
+    config = {
+        "train": {**cfg.to_dict(), "preset": cfg.preset},
+        "data": {"name": cfg.data},
+        "precision": "bf16",
+        "torch_version": "2.14.1+cpu",
+    }
     (run / "config.json").write_text(json.dumps(config))
     lines = [{"step": 50, "loss": 0.3}, {"step": 1555, "val_loss": 0.2, "val_loss_ema": 0.19}]
     (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in lines) + "\n")
@@ -38,38 +42,59 @@ def write_run(root: Path, metrics: dict, **train) -> tuple[Path, Path]:
 
 
 EVAL_SHAPES = "tinydit eval --checkpoint runs/shapes/checkpoint.pt --n 1000 --out eval/shapes"
-SHAPES_METRICS = {"shape_strict": 0.534, "shape_strict_circle": 0.67, "shape_strict_square": 0.7,
-                  "shape_strict_triangle": 0.76, "shape_strict_cross": 0.004, "n_samples": 1000,
-                  "command": EVAL_SHAPES}  # fmt: skip
+SHAPES_METRICS = {
+    "shape_strict": 0.534,
+    "shape_strict_circle": 0.67,
+    "shape_strict_square": 0.7,
+    "shape_strict_triangle": 0.76,
+    "shape_strict_cross": 0.004,
+    "n_samples": 1000,
+    "command": EVAL_SHAPES,
+}
 
 
 def test_a_shapes_run_gives_a_row_of_the_shapes_table(expectations, tmp_path):
     run, evaluation = write_run(tmp_path, SHAPES_METRICS, data="shapes", minutes=5, out="runs/shapes")
     table, row = expectations.row(run, evaluation, "2-core AMD EPYC", "2026-12-02")
     assert table == "shapes"
-    assert row == ("| 2-core AMD EPYC | bf16 | 2.14.1 | 2026-12-02 | 0 | 1,555 | **0.534** | 0.67 / 0.7 / 0.76 / "
-                   "0.004 | `tinydit train --data shapes --minutes 5 --out runs/shapes`, then `tinydit eval "
-                   "--checkpoint runs/shapes/checkpoint.pt --n 1000 --out eval/shapes` |")  # fmt: skip
+    assert row == (
+        "| 2-core AMD EPYC | bf16 | 2.14.1 | 2026-12-02 | 0 | 1,555 | **0.534** | 0.67 / 0.7 / 0.76 / "
+        "0.004 | `tinydit train --data shapes --minutes 5 --out runs/shapes`, then `tinydit eval "
+        "--checkpoint runs/shapes/checkpoint.pt --n 1000 --out eval/shapes` |"
+    )
 
 
 def test_the_train_command_names_only_what_differs_from_the_defaults(expectations, tmp_path):
-    run, evaluation = write_run(tmp_path, SHAPES_METRICS, data="shapes", minutes=5, seed=1, lr=3e-3,
-                                preset="dit-1.3m", tensorboard=True, qk_norm=True, out="runs/s1")  # fmt: skip
+    run, evaluation = write_run(
+        tmp_path,
+        SHAPES_METRICS,
+        data="shapes",
+        minutes=5,
+        seed=1,
+        lr=3e-3,
+        preset="dit-1.3m",
+        tensorboard=True,
+        qk_norm=True,
+        out="runs/s1",
+    )
     _, row = expectations.row(run, evaluation, "m", "d")
-    assert ("`tinydit train --data shapes --minutes 5 --preset dit-1.3m --qk-norm on --lr 0.003 --seed 1 "
-            "--tensorboard --out runs/s1`") in row  # fmt: skip
+    assert (
+        "`tinydit train --data shapes --minutes 5 --preset dit-1.3m --qk-norm on --lr 0.003 --seed 1 "
+        "--tensorboard --out runs/s1`"
+    ) in row
     assert "| 1 | 1,555 |" in row
 
 
-def test_a_fashion_mnist_run_gives_a_row_of_its_table_and_the_printout_has_the_header(expectations, tmp_path,
-                                                                                        capsys):  # fmt: skip
+def test_a_fashion_mnist_run_gives_a_row_of_its_table_and_the_printout_has_the_header(expectations, tmp_path, capsys):
     metrics = {"fid_fmnist_cnn": 1.0021, "n_samples": 2000, "command": "tinydit eval --checkpoint c --n 2000 --out e"}
     run, evaluation = write_run(tmp_path, metrics, data="fashion-mnist", minutes=15, out="runs/fm")
     expectations.main([f"{run}:{evaluation}", "--machine", "2-core Intel Xeon with AMX", "--date", "2026-12-02"])
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("| machine | precision | torch | date | seed | steps | `fid_fmnist_cnn` |")
-    assert out[2].startswith("| 2-core Intel Xeon with AMX | bf16 | 2.14.1 | 2026-12-02 | 0 | 1,555 | **1.002** "
-                             "| 2,000 | `tinydit train --data fashion-mnist --minutes 15 --out runs/fm`")  # fmt: skip
+    assert out[2].startswith(
+        "| 2-core Intel Xeon with AMX | bf16 | 2.14.1 | 2026-12-02 | 0 | 1,555 | **1.002** "
+        "| 2,000 | `tinydit train --data fashion-mnist --minutes 15 --out runs/fm`"
+    )
 
 
 def test_a_run_of_another_data_set_is_refused(expectations, tmp_path):

@@ -55,17 +55,27 @@ def _state(config) -> dict:
         p.data.add_(0.05 * torch.randn_like(p))  # off the zero init, so every weight matters
     classes = [f"c{i}" for i in range(config.n_classes)]
     text = {"tokenizer": TOKENIZER.to_dict()} if config.cond == "text" else {}
-    return {"model_type": kind, "model_config": config.to_dict(), "model": model.state_dict(),
-            "ema": model.state_dict(), "data": {"name": "shapes", "classes": classes}, "train_config": {}, "step": 0,
-            **text}  # fmt: skip
+    return {
+        "model_type": kind,
+        "model_config": config.to_dict(),
+        "model": model.state_dict(),
+        "ema": model.state_dict(),
+        "data": {"name": "shapes", "classes": classes},
+        "train_config": {},
+        "step": 0,
+        **text,
+    }
 
 
 def _inputs(config, n: int):
     g = torch.Generator().manual_seed(n)
     x = torch.randn(n, config.in_channels, config.img_size, config.img_size, generator=g)
     t = torch.rand(n, generator=g)
-    y = (torch.arange(n) % (config.n_classes + 1) if config.cond == "class"
-         else torch.randint(3, config.vocab_size, (n, config.text_len), generator=g))  # fmt: skip
+    y = (
+        torch.arange(n) % (config.n_classes + 1)
+        if config.cond == "class"
+        else torch.randint(3, config.vocab_size, (n, config.text_len), generator=g)
+    )
     return (x, t, y) + ((torch.rand(n, generator=g),) if config.shortcut else ())
 
 
@@ -92,16 +102,24 @@ def test_onnx_and_pt2_compute_what_the_model_computes(name, tmp_path):
     assert (meta["tokenizer"] is not None) == (config.cond == "text") and "t = 1 is Gaussian noise" in meta["time"]
 
 
-@pytest.mark.parametrize("name, sampler, options", [
-    ("dit", "euler", {}), ("dit", "heun", {"cfg_interval": (0.1, 0.8)}), ("mmdit", "heun", {}),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "name, sampler, options",
+    [
+        ("dit", "euler", {}),
+        ("dit", "heun", {"cfg_interval": (0.1, 0.8)}),
+        ("mmdit", "heun", {}),
+    ],
+)
 def test_the_torch_free_sampler_draws_what_tinydit_sample_draws(name, sampler, options, tmp_path):
     ckpt = FIXTURES / f"{name}-0.2m.pt"
     model, state = load_model(ckpt)
     onnx = OnnxSampler(str(export(ckpt, "onnx", tmp_path / "m.onnx")))
     c = model.config
-    y = (torch.arange(8) % c.n_classes if c.cond == "class"
-         else torch.from_numpy(onnx.encode(["a red circle on a blue background"] * 8)))  # fmt: skip
+    y = (
+        torch.arange(8) % c.n_classes
+        if c.cond == "class"
+        else torch.from_numpy(onnx.encode(["a red circle on a blue background"] * 8))
+    )
     ref = generate(model, y, steps=6, cfg_scale=2.5, seed=3, sampler=sampler, **options).x
     noise = torch.randn(8, c.in_channels, c.img_size, c.img_size, generator=torch.Generator().manual_seed(3))
     x = onnx.sample(noise.numpy(), y.numpy(), steps=6, cfg_scale=2.5, sampler=sampler, **options)
@@ -120,12 +138,21 @@ def test_the_torch_free_ancestral_sampler_draws_what_tinydit_draws_from_the_same
     with torch.no_grad():
         ref = ancestral(field, noise, uniform_grid(6), eta=1.0, generator=torch.Generator().manual_seed(4))
     steps_noise = torch.Generator().manual_seed(4)  # the same stream, drawn in the same order
-    x = onnx.sample(noise.numpy(), y.numpy(), steps=6, cfg_scale=2.5, sampler="ancestral", cfg_interval=(0.1, 0.8),
-                    eta=1.0, fresh=lambda i: torch.randn(noise.shape, generator=steps_noise).numpy())  # fmt: skip
+    x = onnx.sample(
+        noise.numpy(),
+        y.numpy(),
+        steps=6,
+        cfg_scale=2.5,
+        sampler="ancestral",
+        cfg_interval=(0.1, 0.8),
+        eta=1.0,
+        fresh=lambda i: torch.randn(noise.shape, generator=steps_noise).numpy(),
+    )
     assert np.abs(to_uint8(x).astype(int) - torch_to_uint8(ref).numpy().astype(int)).max() <= 1
     euler = onnx.sample(noise.numpy(), y.numpy(), steps=6, cfg_scale=2.5, sampler="euler", cfg_interval=(0.1, 0.8))
-    no_fresh = onnx.sample(noise.numpy(), y.numpy(), steps=6, cfg_scale=2.5, sampler="ancestral",
-                           cfg_interval=(0.1, 0.8), eta=0.0)  # fmt: skip
+    no_fresh = onnx.sample(
+        noise.numpy(), y.numpy(), steps=6, cfg_scale=2.5, sampler="ancestral", cfg_interval=(0.1, 0.8), eta=0.0
+    )
     assert np.abs(no_fresh - euler).max() < 1e-4  # eta 0 is Euler's step
     assert np.abs(to_uint8(x).astype(int) - to_uint8(euler).astype(int)).max() > 10  # eta 1 is not
 
@@ -140,19 +167,27 @@ def test_the_sampler_runs_where_torch_cannot_be_imported(tmp_path):
         "import numpy as np; from ort_sampler import OnnxSampler, to_uint8\n"
         f"s = OnnxSampler({str(path)!r}); x = s.sample(np.random.default_rng(0).standard_normal((2, 3, 32, 32)), "
         "np.array([0, 1]), steps=2)\nprint(to_uint8(x).shape, s.meta['classes'])\n"
-    )  # fmt: skip
+    )
     res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert res.returncode == 0 and "(2, 3, 32, 32) ['circle', 'square', 'triangle', 'cross']" in res.stdout, res.stderr
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--checkpoint", "OTHER", "--format", "onnx", "--out", "OUT/m.onnx"], "not a TinyDiT checkpoint"),
-    (["--checkpoint", "CKPT", "--format", "tflite", "--out", "OUT/m.tflite"], "unknown --format 'tflite'"),
-    (["--checkpoint", "CKPT", "--format", "onnx", "--out", "OUT/m.pt2"], "a file ending in .onnx"),
-    (["--checkpoint", "CKPT", "--format", "onnx", "--out", "/proc/tinydit/m.onnx"], "cannot write to output directory"),
-    (["--checkpoint", "CKPT", "--format", "web", "--out", "OUT/web", "--ort-web", "OUT/none"],
-     "npm install onnxruntime-web"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--checkpoint", "OTHER", "--format", "onnx", "--out", "OUT/m.onnx"], "not a TinyDiT checkpoint"),
+        (["--checkpoint", "CKPT", "--format", "tflite", "--out", "OUT/m.tflite"], "unknown --format 'tflite'"),
+        (["--checkpoint", "CKPT", "--format", "onnx", "--out", "OUT/m.pt2"], "a file ending in .onnx"),
+        (
+            ["--checkpoint", "CKPT", "--format", "onnx", "--out", "/proc/tinydit/m.onnx"],
+            "cannot write to output directory",
+        ),
+        (
+            ["--checkpoint", "CKPT", "--format", "web", "--out", "OUT/web", "--ort-web", "OUT/none"],
+            "npm install onnxruntime-web",
+        ),
+    ],
+)
 def test_bad_exports_are_one_line_and_exit_2(args, message, tmp_path, capsys):
     torch.save({"weights": torch.zeros(2)}, tmp_path / "other.pt")
     subst = {"CKPT": str(FIXTURES / "dit-0.2m.pt"), "OTHER": str(tmp_path / "other.pt"), "OUT": str(tmp_path)}
@@ -173,16 +208,18 @@ def test_a_missing_exporter_names_the_extra(tmp_path, monkeypatch):
 
 def _ort_web() -> Path | None:
     try:
-        return find_ort_web(os.environ.get("TINYDIT_ORT_WEB") or Path(__file__).parents[1] / "node_modules"
-                            / "onnxruntime-web" / "dist")  # fmt: skip
+        return find_ort_web(
+            os.environ.get("TINYDIT_ORT_WEB") or Path(__file__).parents[1] / "node_modules" / "onnxruntime-web" / "dist"
+        )
     except Exception:
         return None
 
 
 @pytest.mark.browser
 @pytest.mark.skipif(CHROMIUM is None, reason=NEEDS_CHROMIUM)
-@pytest.mark.skipif(_ort_web() is None,
-                    reason="needs onnxruntime-web from npm (npm install onnxruntime-web; .ci/run does)")
+@pytest.mark.skipif(
+    _ort_web() is None, reason="needs onnxruntime-web from npm (npm install onnxruntime-web; .ci/run does)"
+)
 @pytest.mark.parametrize("name", ["dit", "mmdit"])
 def test_the_web_page_draws_what_the_python_sampler_draws(name, tmp_path):
     ckpt = FIXTURES / f"{name}-0.2m.pt"
@@ -197,11 +234,30 @@ def test_the_web_page_draws_what_the_python_sampler_draws(name, tmp_path):
     # The class model samples ancestrally, with the fresh noise of each step given; the text model by Heun.
     sampler = "ancestral" if meta["cond"] == "class" else "heun"
     fresh = np.random.default_rng(6).standard_normal((5, *noise.shape)).astype(np.float32)
-    case = {"noise": noise.ravel().tolist(), "label": 2, "prompt": prompt, "steps": 5, "cfg": 2.0, "sampler": sampler,
-            "interval": [0.1, 0.9], "eta": 1.0, "fresh": [f.ravel().tolist() for f in fresh]}  # fmt: skip
+    case = {
+        "noise": noise.ravel().tolist(),
+        "label": 2,
+        "prompt": prompt,
+        "steps": 5,
+        "cfg": 2.0,
+        "sampler": sampler,
+        "interval": [0.1, 0.9],
+        "eta": 1.0,
+        "fresh": [f.ravel().tolist() for f in fresh],
+    }
     (folder / "case.json").write_text(json.dumps(case))
-    want = to_uint8(onnx.sample(noise, y, steps=5, cfg_scale=2.0, sampler=sampler, cfg_interval=(0.1, 0.9), eta=1.0,
-                                fresh=lambda i: fresh[i]))  # fmt: skip
+    want = to_uint8(
+        onnx.sample(
+            noise,
+            y,
+            steps=5,
+            cfg_scale=2.0,
+            sampler=sampler,
+            cfg_interval=(0.1, 0.9),
+            eta=1.0,
+            fresh=lambda i: fresh[i],
+        )
+    )
     # The page's controls start from the recorded settings, Euler standing in for a sampler it does not run.
     meta_file = folder / "model.json"
     record = {"sampler": "dopri5", "steps": 7, "cfg_scale": 50.0, "cfg_interval": [0.8, 1.0], "eta": 0.5}
@@ -225,8 +281,9 @@ def test_the_web_page_draws_what_the_python_sampler_draws(name, tmp_path):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/index.html?test=case.json"
-    browser = subprocess.Popen(chromium(tmp_path / "profile", url), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)  # fmt: skip
+    browser = subprocess.Popen(
+        chromium(tmp_path / "profile", url), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         assert done.wait(timeout=120), "the page never posted its image"
     finally:

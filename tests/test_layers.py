@@ -11,8 +11,11 @@ PACKAGE = Path(__file__).parent.parent / "src" / "tinydit"
 LEAVES = {"errors", "config", "runtime", "files", "images", "tokens", "progress", "distributed", "version", "flags"}
 # The ground floor: the configuration and the runtime import only these of the package (never models, flow,
 # data, train or eval, nor the other leaves).
-GROUND = {"tinydit.errors": set(), "tinydit.runtime": {"tinydit.errors"},
-          "tinydit.config": {"tinydit.errors", "tinydit.runtime", "tinydit.tokens"}}
+GROUND = {
+    "tinydit.errors": set(),
+    "tinydit.runtime": {"tinydit.errors"},
+    "tinydit.config": {"tinydit.errors", "tinydit.runtime", "tinydit.tokens"},
+}
 # What each layer may import (besides itself). The package root holds the version and get_device from the
 # leaves, and tinydit.from_pretrained, which calls the api's on first use.
 ALLOWED = {
@@ -87,7 +90,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         state[m], _ = "open", stack.append(m)
         for dep in sorted(graph.get(m, ())):
             if state.get(dep) == "open":
-                found.append(stack[stack.index(dep):] + [dep])
+                found.append(stack[stack.index(dep) :] + [dep])
             elif dep not in state:
                 visit(dep)
         state[m], _ = "done", stack.pop()
@@ -117,19 +120,22 @@ def test_nothing_but_the_entry_point_imports_the_cli():
     assert sorted(m for m, deps in graph.items() if "tinydit.cli" in deps) == ["tinydit.__main__"]
 
 
-@pytest.mark.parametrize("module, line", [
-    ("tinydit.models.dit", "from tinydit.flow.generate import generate"),  # models never import flow ...
-    ("tinydit.models.layers", "from tinydit.data.text import Tokenizer"),  # ... or data
-    ("tinydit.data.cache", "from tinydit.models.dit import DiT"),  # data never imports models
-    ("tinydit.flow.samplers", "from tinydit.train.optim import adamw"),  # flow never imports train
-    ("tinydit.eval.metrics", "from tinydit.train import Trainer"),  # eval never imports train
-    ("tinydit.config", "from tinydit.models.registry import MODEL_TYPES"),  # config is a leaf
-    ("tinydit.config", "from tinydit.models.presets import MODEL_PRESETS"),  # the presets are the models'
-    ("tinydit.config", "from tinydit.images import to_uint8"),  # config is on the ground floor
-    ("tinydit.runtime", "from tinydit.models.linear import onednn_is_faster"),  # and so is runtime
-    ("tinydit.runtime", "from tinydit.tokens import parse_phrases"),  # runtime imports errors only
-    ("tinydit.train.trainer", "from tinydit.cli import main"),  # nothing imports the CLI
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "module, line",
+    [
+        ("tinydit.models.dit", "from tinydit.flow.generate import generate"),  # models never import flow ...
+        ("tinydit.models.layers", "from tinydit.data.text import Tokenizer"),  # ... or data
+        ("tinydit.data.cache", "from tinydit.models.dit import DiT"),  # data never imports models
+        ("tinydit.flow.samplers", "from tinydit.train.optim import adamw"),  # flow never imports train
+        ("tinydit.eval.metrics", "from tinydit.train import Trainer"),  # eval never imports train
+        ("tinydit.config", "from tinydit.models.registry import MODEL_TYPES"),  # config is a leaf
+        ("tinydit.config", "from tinydit.models.presets import MODEL_PRESETS"),  # the presets are the models'
+        ("tinydit.config", "from tinydit.images import to_uint8"),  # config is on the ground floor
+        ("tinydit.runtime", "from tinydit.models.linear import onednn_is_faster"),  # and so is runtime
+        ("tinydit.runtime", "from tinydit.tokens import parse_phrases"),  # runtime imports errors only
+        ("tinydit.train.trainer", "from tinydit.cli import main"),  # nothing imports the CLI
+    ],
+)
 def test_a_forbidden_import_is_caught(module, line):
     """The negative control: the same check fails once a forbidden import is added, even inside a function."""
     sources = package_sources()

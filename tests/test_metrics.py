@@ -26,8 +26,10 @@ def test_frechet_distance_is_rotation_invariant_for_full_covariances():
     d_rot = frechet_distance(q @ mu1, q @ s1 @ q.T, q @ mu2, q @ s2 @ q.T)
     assert math.isclose(d, d_rot, rel_tol=1e-8)
     # and for commuting covariances (shared eigenvectors) it reduces to the scalar formula per axis
-    w1, w2 = torch.tensor([1.0, 4.0, 9.0, 0.25, 2.0], dtype=torch.float64), torch.tensor([4.0, 1.0, 9.0, 1.0, 8.0],
-                                                                                          dtype=torch.float64)
+    w1, w2 = (
+        torch.tensor([1.0, 4.0, 9.0, 0.25, 2.0], dtype=torch.float64),
+        torch.tensor([4.0, 1.0, 9.0, 1.0, 8.0], dtype=torch.float64),
+    )
     got = frechet_distance(mu1, q @ torch.diag(w1) @ q.T, mu1, q @ torch.diag(w2) @ q.T)
     assert math.isclose(got, (w1.sqrt() - w2.sqrt()).pow(2).sum().item(), rel_tol=1e-8)
 
@@ -55,8 +57,9 @@ def test_kid_is_unbiased_on_equal_distributions():
     means = torch.tensor(means)
     assert (means < 0).any()  # an unbiased estimate of zero must sometimes fall below it
     assert abs(means.mean().item()) < 3 * means.std().item() / math.sqrt(len(means))
-    shifted = kid(torch.randn(300, 8, generator=gen), torch.randn(300, 8, generator=gen) + 0.5, subsets=10,
-                  subset_size=100)[0]  # fmt: skip
+    shifted = kid(
+        torch.randn(300, 8, generator=gen), torch.randn(300, 8, generator=gen) + 0.5, subsets=10, subset_size=100
+    )[0]
     assert shifted > means.max()
 
 

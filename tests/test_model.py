@@ -104,11 +104,14 @@ def test_preset_completed_by_data():
     assert (cfg.img_size, cfg.in_channels, cfg.n_tokens) == (28, 1, 49)
 
 
-@pytest.mark.parametrize("bad, match", [
-    (dict(patch_size=5), "does not divide"),
-    (dict(dim=30, n_heads=4), "not divisible"),
-    (dict(depth=0), "depth must be >= 1"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(patch_size=5), "does not divide"),
+        (dict(dim=30, n_heads=4), "not divisible"),
+        (dict(depth=0), "depth must be >= 1"),
+    ],
+)
 def test_config_validation_names_the_value(bad, match):
     with pytest.raises(TinyDiTError, match=match):
         replace(DiTConfig(), **bad)
@@ -228,12 +231,15 @@ def test_configs_from_older_checkpoints_load_with_the_original_architecture():
     assert (cfg.norm, cfg.qk_norm, cfg.mlp, cfg.pos) == ("layernorm", False, "gelu", "sincos")
 
 
-@pytest.mark.parametrize("bad, match", [
-    (dict(norm="batchnorm"), "norm must be one of layernorm, rmsnorm"),
-    (dict(mlp="relu"), "mlp must be one of gelu, swiglu"),
-    (dict(pos="learned"), "pos must be one of sincos, rope"),
-    (dict(dim=24, n_heads=4, pos="rope"), "divisible by 4"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(norm="batchnorm"), "norm must be one of layernorm, rmsnorm"),
+        (dict(mlp="relu"), "mlp must be one of gelu, swiglu"),
+        (dict(pos="learned"), "pos must be one of sincos, rope"),
+        (dict(dim=24, n_heads=4, pos="rope"), "divisible by 4"),
+    ],
+)
 def test_switch_validation_names_the_choices(bad, match):
     with pytest.raises(TinyDiTError, match=match):
         replace(DiTConfig(), **bad)

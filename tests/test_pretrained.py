@@ -82,8 +82,10 @@ def test_a_model_card_shows_the_metrics_it_is_given(tmp_path):
 
 def test_the_cli_exports_a_folder_that_sample_takes(tmp_path, capsys):
     folder = tmp_path / "shared"
-    assert main(["export", "--checkpoint", str(FIXTURES / "dit-0.2m.pt"), "--format", "safetensors",
-                 "--out", str(folder)]) == 0  # fmt: skip
+    assert (
+        main(["export", "--checkpoint", str(FIXTURES / "dit-0.2m.pt"), "--format", "safetensors", "--out", str(folder)])
+        == 0
+    )
     assert main(["sample", "--checkpoint", str(folder), "--n", "4", "--out", str(tmp_path / "s.png")]) == 0
     assert (tmp_path / "s.png").is_file() and f"wrote {folder}" in capsys.readouterr().err
 
@@ -114,21 +116,26 @@ def _broken(folder: Path, kind: str, tmp_path: Path) -> Path:
     return bad
 
 
-@pytest.mark.parametrize("kind, message", [
-    ("no-config", "has no config.json: a pretrained folder holds config.json and model.safetensors"),
-    ("no-weights", "has no model.safetensors"),
-    ("not-json", "config.json is not readable JSON"),
-    ("other-format", "is not a TinyDiT pretrained config"),
-    ("not-safetensors", "model.safetensors is not a readable safetensors file"),
-    ("extra", "do not fit its model config (unexpected surplus.weight)"),
-    ("missing", "do not fit its model config (missing "),
-    ("shape", "do not fit its model config (wrong shape "),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "kind, message",
+    [
+        ("no-config", "has no config.json: a pretrained folder holds config.json and model.safetensors"),
+        ("no-weights", "has no model.safetensors"),
+        ("not-json", "config.json is not readable JSON"),
+        ("other-format", "is not a TinyDiT pretrained config"),
+        ("not-safetensors", "model.safetensors is not a readable safetensors file"),
+        ("extra", "do not fit its model config (unexpected surplus.weight)"),
+        ("missing", "do not fit its model config (missing "),
+        ("shape", "do not fit its model config (wrong shape "),
+    ],
+)
 def test_a_bad_folder_is_one_line_naming_the_file_exit_2_and_nothing_written(kind, message, folders, tmp_path, capsys):
     bad = _broken(folders["dit-0.2m"], kind, tmp_path)
     out = tmp_path / "out"
-    for args in (["sample", "--checkpoint", str(bad), "--n", "2", "--out", str(out / "s.png")],
-                 ["export", "--checkpoint", str(bad), "--format", "safetensors", "--out", str(out / "again")]):
+    for args in (
+        ["sample", "--checkpoint", str(bad), "--n", "2", "--out", str(out / "s.png")],
+        ["export", "--checkpoint", str(bad), "--format", "safetensors", "--out", str(out / "again")],
+    ):
         assert main(args) == 2
         err = capsys.readouterr().err
         assert err.count(": error: ") == 1 and message in err and str(bad) in err and "Traceback" not in err, err

@@ -34,17 +34,46 @@ from tinydit.files import RunDirLock
 from tinydit.models.checkpoint import load_checkpoint, load_model
 
 # The conftest fast config as CLI flags: 256 shapes, dit-0.2m, fp32, a checkpoint every 4 steps.
-FLAGS = ["--data", "shapes", "--preset", "dit-0.2m", "--batch-size", "16", "--limit", "256", "--val-size", "32",
-         "--log-every", "2", "--val-every", "4", "--sample-every", "1000", "--ckpt-every", "4", "--sample-steps", "2",
-         "--warmup", "2", "--precision", "fp32", "--no-report", "--no-progress"]  # fmt: skip
+FLAGS = [
+    "--data",
+    "shapes",
+    "--preset",
+    "dit-0.2m",
+    "--batch-size",
+    "16",
+    "--limit",
+    "256",
+    "--val-size",
+    "32",
+    "--log-every",
+    "2",
+    "--val-every",
+    "4",
+    "--sample-every",
+    "1000",
+    "--ckpt-every",
+    "4",
+    "--sample-steps",
+    "2",
+    "--warmup",
+    "2",
+    "--precision",
+    "fp32",
+    "--no-report",
+    "--no-progress",
+]
 # The token-linear kernel pinned: each process's timing probe could pick another on a loaded machine, and
 # the reference and the killed run start in different processes (a continuation keeps its own anyway).
 ENV = {**os.environ, "TINYDIT_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "TINYDIT_LINEAR_KERNEL": "blas"}
 
 
 def _train(out: Path, steps: int, *extra) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tinydit", "train", *FLAGS, "--steps", str(steps), "--out", str(out),
-                             *map(str, extra)], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "tinydit", "train", *FLAGS, "--steps", str(steps), "--out", str(out), *map(str, extra)],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def _weights(run: Path) -> dict:
@@ -161,8 +190,10 @@ def test_sixteen_bit_alpha_and_palette_images_train_as_their_pixels(tmp_path):
 
 
 def _digest(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
-            for p in sorted(root.rglob("*"))}  # fmt: skip
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+        for p in sorted(root.rglob("*"))
+    }
 
 
 @pytest.fixture(scope="module")
@@ -256,20 +287,28 @@ def _cases():
         (["sample", "--checkpoint", "CKPT", "--n", "0", "--out", "OUT/x.png"], "--n must be >= 1"),
         (["sample", "--checkpoint", "CKPT", "--nrow", "0", "--out", "OUT/x.png"], "--nrow must be >= 1"),
         (["sample", "--checkpoint", "CKPT", "--seed", "99999999999999999999", "--out", "OUT/x.png"], "--seed must be"),
-        (["sample", "--checkpoint", "CKPT", "--shift", "nan", "--grid", "shifted", "--out", "OUT/x.png"],
-         "--shift must be a positive number"),
+        (
+            ["sample", "--checkpoint", "CKPT", "--shift", "nan", "--grid", "shifted", "--out", "OUT/x.png"],
+            "--shift must be a positive number",
+        ),
         (["sample", "--checkpoint", "CKPT", "--cfg-interval", "nan", "1", "--out", "OUT/x.png"], "LO HI needs"),
-        (["sample", "--checkpoint", "CKPT", "--eta", "nan", "--sampler", "ancestral", "--out", "OUT/x.png"],
-         "--eta must be in [0, 1]"),
-        (["sample", "--checkpoint", "CKPT", "--rtol", "-1e-3", "--sampler", "dopri5", "--out", "OUT/x.png"],
-         "--rtol must be a positive number"),
+        (
+            ["sample", "--checkpoint", "CKPT", "--eta", "nan", "--sampler", "ancestral", "--out", "OUT/x.png"],
+            "--eta must be in [0, 1]",
+        ),
+        (
+            ["sample", "--checkpoint", "CKPT", "--rtol", "-1e-3", "--sampler", "dopri5", "--out", "OUT/x.png"],
+            "--rtol must be a positive number",
+        ),
         (["sample", "--checkpoint", "CKPT", "--out", "OUT/x.txt"], "use an image file"),
         (["sample", "--checkpoint", "CKPT", "--out", "BAD/file/x.png"], "not a directory"),
         (["sample", "--checkpoint", "CKPT", "--class", "hexagon", "--out", "OUT/x.png"], "unknown class 'hexagon'"),
         (["sample", "--checkpoint", "CKPT", "--class", "9", "--out", "OUT/x.png"], "unknown class '9'"),
         (["sample", "--checkpoint", "CKPT", "--prompt", "a red circle", "--out", "OUT/x.png"], "is class-conditional"),
-        (["sample", "--checkpoint", "CKPT", "--unconditional", "--class", "circle", "--out", "OUT/x.png"],
-         "drop --class and --prompt"),
+        (
+            ["sample", "--checkpoint", "CKPT", "--unconditional", "--class", "circle", "--out", "OUT/x.png"],
+            "drop --class and --prompt",
+        ),
         # eval
         (["eval", "--samples", "BAD/empty.npz", "--data", "shapes", *o], "not a readable .npz"),
         (["eval", "--samples", "BAD/truncated.npz", "--data", "shapes", *o], "not a readable .npz"),
@@ -308,7 +347,7 @@ def _cases():
         # report
         (["report", "BAD/noimgs"], "holds no training run"),
         (["report", "BAD/missing"], "holds no training run"),
-    ]  # fmt: skip
+    ]
 
 
 CASES = _cases()
@@ -329,8 +368,9 @@ def test_the_bad_input_table_covers_every_command_that_takes_input():
 @pytest.mark.parametrize("args, message", CASES, ids=[f"{i:02d}-{a[0]}" for i, (a, _) in enumerate(CASES)])
 def test_bad_input_is_one_line_exit_2_and_touches_nothing(args, message, tmp_path, tiny_run, bad_files, capsys):
     ckpt = tiny_run[0] / "checkpoint.pt"
-    args = [str(a).replace("CKPT", str(ckpt)).replace("BAD", str(bad_files)).replace("OUT", str(tmp_path))
-            for a in args]  # fmt: skip
+    args = [
+        str(a).replace("CKPT", str(ckpt)).replace("BAD", str(bad_files)).replace("OUT", str(tmp_path)) for a in args
+    ]
     watched = {root: _digest(root) for root in (tmp_path, bad_files, tiny_run[0])}
     code = main(args)
     err = capsys.readouterr().err

@@ -112,8 +112,17 @@ def test_the_report_is_one_self_contained_page(evaluated_run):
     for png in pngs:
         assert Image.open(io.BytesIO(png)).size[0] > 0
     assert "http://" not in page and "https://" not in page and "<script" not in page
-    for text in ("Samples at the end", "Loss by t", "Evaluation during training", "Samples over training",
-                 "best.pt", "fid_shapes_cnn", "dit-0.2m", "step 4", "step 8"):  # fmt: skip
+    for text in (
+        "Samples at the end",
+        "Loss by t",
+        "Evaluation during training",
+        "Samples over training",
+        "best.pt",
+        "fid_shapes_cnn",
+        "dit-0.2m",
+        "step 4",
+        "step 8",
+    ):
         assert text in page, text
 
 
@@ -132,6 +141,8 @@ window.addEventListener("load", () => {
   document.body.dataset.errors = JSON.stringify(window.__errors);
 });
 </script>"""
+
+
 @pytest.mark.browser
 @pytest.mark.skipif(CHROMIUM is None, reason=NEEDS_CHROMIUM)
 def test_the_report_renders_in_a_headless_browser_with_every_image_loaded(evaluated_run, tmp_path):
@@ -139,8 +150,12 @@ def test_the_report_renders_in_a_headless_browser_with_every_image_loaded(evalua
     page = (out / "report.html").read_text().replace("<head>", "<head>" + CHECKER, 1)
     checked = tmp_path / "checked.html"
     checked.write_text(page)
-    res = subprocess.run(chromium(tmp_path / "profile", "--virtual-time-budget=5000", "--dump-dom", checked.as_uri()),
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    res = subprocess.run(
+        chromium(tmp_path / "profile", "--virtual-time-budget=5000", "--dump-dom", checked.as_uri()),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     body = re.search(r"<body([^>]*)>", res.stdout)
     assert body, res.stderr[-2000:]
     attrs = dict(re.findall(r'data-(\w+)="([^"]*)"', body.group(1)))

@@ -96,8 +96,9 @@ def test_precision_and_compile_do_not_change_the_run_identity(tmp_path):
 
 
 def test_architecture_switches_reach_the_model(tmp_path):
-    trainer = Trainer(fast_config(tmp_path, steps=1, norm="rmsnorm", qk_norm=True, mlp="swiglu", pos="rope"),
-                      progress=False)  # fmt: skip
+    trainer = Trainer(
+        fast_config(tmp_path, steps=1, norm="rmsnorm", qk_norm=True, mlp="swiglu", pos="rope"), progress=False
+    )
     cfg = trainer.model_config
     assert (cfg.norm, cfg.qk_norm, cfg.mlp, cfg.pos) == ("rmsnorm", True, "swiglu", "rope")
     trainer.fit()

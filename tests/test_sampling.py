@@ -19,8 +19,12 @@ from tinydit.flow.samplers import (
 )
 
 ORDER = {"euler": 1, "heun": 2, "midpoint": 2, "heun-first": 1}  # the fixed-step samplers and their order
-NFE = {"euler": lambda s: s, "heun": lambda s: 2 * s - 1, "midpoint": lambda s: 2 * s,  # Heun: last step Euler
-       "heun-first": lambda s: s + 1}  # fmt: skip
+NFE = {
+    "euler": lambda s: s,
+    "heun": lambda s: 2 * s - 1,
+    "midpoint": lambda s: 2 * s,  # Heun: last step Euler
+    "heun-first": lambda s: s + 1,
+}
 DETERMINISTIC = {"ancestral": {"eta": 0.0}}  # options that make a stochastic sampler deterministic (Euler)
 
 
@@ -115,15 +119,18 @@ def test_sample_is_the_sampler_on_the_named_grid_with_the_guided_field(name):
     assert torch.equal(res.x, x) and res.nfe == velocity.nfe > 0
 
 
-@pytest.mark.parametrize("grid, match", [
-    (torch.tensor([[1.0, 0.0]]), "1-D tensor of at least 2 times"),
-    (torch.tensor([1.0]), "1-D tensor of at least 2 times"),
-    ([1.0, 0.0], "1-D tensor"),
-    (torch.tensor([1.0, 0.5, 0.5, 0.0]), "falls strictly"),
-    (torch.tensor([0.0, 1.0]), "falls strictly"),
-    (torch.tensor([1.5, 0.0]), "at most 1"),
-    (torch.tensor([1.0, -0.2]), "at least 0"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "grid, match",
+    [
+        (torch.tensor([[1.0, 0.0]]), "1-D tensor of at least 2 times"),
+        (torch.tensor([1.0]), "1-D tensor of at least 2 times"),
+        ([1.0, 0.0], "1-D tensor"),
+        (torch.tensor([1.0, 0.5, 0.5, 0.0]), "falls strictly"),
+        (torch.tensor([0.0, 1.0]), "falls strictly"),
+        (torch.tensor([1.5, 0.0]), "at most 1"),
+        (torch.tensor([1.0, -0.2]), "at least 0"),
+    ],
+)
 def test_bad_grids_are_clear_errors(grid, match):
     for sampler in SAMPLERS.values():
         with pytest.raises(TinyDiTError, match=match):
@@ -283,21 +290,24 @@ def test_generate_batches_and_reports_nfe():
     assert torch.allclose(c.x, noise * math.e, atol=1e-4)  # dx/dt = -x from t = 1 to 0: x(0) = e x(1)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(steps=0), "`steps` must be >= 1"),
-    (dict(cfg_scale=-1.0), "`cfg_scale` .*must be >= 0"),
-    (dict(cfg_scale=float("nan")), "`cfg_scale` .*must be >= 0"),
-    (dict(sampler="rk4"), "unknown sampler 'rk4': use one of euler, heun, midpoint, dopri5"),
-    (dict(grid="karras"), "unknown time grid 'karras': use one of uniform, shifted"),
-    (dict(shift=3.0), "`shift` applies to the shifted grid only"),
-    (dict(grid="shifted", shift=0.0), "`shift` must be a positive number"),
-    (dict(cfg_interval=(0.8, 0.2)), "`cfg_interval` LO HI needs 0 <= LO <= HI <= 1"),
-    (dict(cfg_interval=(-0.1, 0.5)), "`cfg_interval`"),
-    (dict(rtol=1e-3), "`rtol` applies to the adaptive sampler only"),
-    (dict(sampler="dopri5", atol=0.0), "`atol` must be a positive number"),
-    (dict(eta=0.5), "`eta` applies to the stochastic sampler only"),
-    (dict(sampler="ancestral", eta=1.5), "`eta` must be in \\[0, 1\\]"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(steps=0), "`steps` must be >= 1"),
+        (dict(cfg_scale=-1.0), "`cfg_scale` .*must be >= 0"),
+        (dict(cfg_scale=float("nan")), "`cfg_scale` .*must be >= 0"),
+        (dict(sampler="rk4"), "unknown sampler 'rk4': use one of euler, heun, midpoint, dopri5"),
+        (dict(grid="karras"), "unknown time grid 'karras': use one of uniform, shifted"),
+        (dict(shift=3.0), "`shift` applies to the shifted grid only"),
+        (dict(grid="shifted", shift=0.0), "`shift` must be a positive number"),
+        (dict(cfg_interval=(0.8, 0.2)), "`cfg_interval` LO HI needs 0 <= LO <= HI <= 1"),
+        (dict(cfg_interval=(-0.1, 0.5)), "`cfg_interval`"),
+        (dict(rtol=1e-3), "`rtol` applies to the adaptive sampler only"),
+        (dict(sampler="dopri5", atol=0.0), "`atol` must be a positive number"),
+        (dict(eta=0.5), "`eta` applies to the stochastic sampler only"),
+        (dict(sampler="ancestral", eta=1.5), "`eta` must be in \\[0, 1\\]"),
+    ],
+)
 def test_bad_sampler_arguments_are_clear_errors(kwargs, match):
     args = {"steps": 4, "cfg_scale": 1.0, **kwargs}
     with pytest.raises(TinyDiTError, match=match):

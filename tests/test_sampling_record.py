@@ -19,8 +19,18 @@ from tinydit.models.checkpoint import load_checkpoint
 from tinydit.models.presets import MODEL_PRESETS
 from tinydit.train import Trainer
 
-HEUN = {"sampler": "heun", "steps": 3, "cfg_scale": 1.5, "grid": "uniform", "shift": None, "cfg_interval": [0.2, 0.9],
-        "eta": None, "rtol": None, "atol": None, "source": "a test"}  # fmt: skip
+HEUN = {
+    "sampler": "heun",
+    "steps": 3,
+    "cfg_scale": 1.5,
+    "grid": "uniform",
+    "shift": None,
+    "cfg_interval": [0.2, 0.9],
+    "eta": None,
+    "rtol": None,
+    "atol": None,
+    "source": "a test",
+}
 
 
 def test_a_checkpoint_records_the_measured_settings_of_its_setup_or_says_it_has_none(tiny_run):
@@ -77,8 +87,13 @@ def test_a_missing_or_malformed_sampling_records_file_says_so(tmp_path):
     (tmp_path / "bad.json").write_text('{"record": []}')
     with pytest.raises(TinyDiTError, match="not a sampling records file"):
         read_sampling_records(tmp_path / "bad.json")
-    two = {"data": "shapes", "preset": "dit-1.4m", "cond": "class", "source": "a test",
-           "settings": {"sampler": "euler", "steps": 8, "cfg_scale": 2.0}}  # fmt: skip
+    two = {
+        "data": "shapes",
+        "preset": "dit-1.4m",
+        "cond": "class",
+        "source": "a test",
+        "settings": {"sampler": "euler", "steps": 8, "cfg_scale": 2.0},
+    }
     (tmp_path / "two.json").write_text(json.dumps({"records": [two, two]}))
     with pytest.raises(TinyDiTError, match="record 1: a second record"):
         read_sampling_records(tmp_path / "two.json")
@@ -116,8 +131,30 @@ def test_sweep_apply_records_the_best_within_the_budget_and_never_touches_the_we
     ckpt = tmp_path / "checkpoint.pt"
     shutil.copyfile(tiny_run[0] / "checkpoint.pt", ckpt)
     before = load_checkpoint(ckpt)
-    assert main(["sweep", "--checkpoint", ckpt, "--samplers", "euler,heun", "--steps", "2,8", "--cfg", "1,2", "--n", 20,
-                 "--max-nfe", 8, "--apply", "--no-progress", "--out", tmp_path / "sweep"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "sweep",
+                "--checkpoint",
+                ckpt,
+                "--samplers",
+                "euler,heun",
+                "--steps",
+                "2,8",
+                "--cfg",
+                "1,2",
+                "--n",
+                20,
+                "--max-nfe",
+                8,
+                "--apply",
+                "--no-progress",
+                "--out",
+                tmp_path / "sweep",
+            ]
+        )
+        == 0
+    )
     after = load_checkpoint(ckpt)
     rows = [r for r in api.sweep_rows(tmp_path / "sweep") if r["nfe"] <= 8]
     best = min(rows, key=lambda r: r["fid_shapes_cnn"])

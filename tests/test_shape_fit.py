@@ -33,8 +33,12 @@ def thin_triangle(ratio: float = 0.45, half: float = 10.0) -> np.ndarray:
 
 def y_shape(half: float = 10.0, w: float = 3.0) -> np.ndarray:
     """Two strokes from the top corners meeting at the centre and a stem down to the base: a "Y"."""
-    return supersampled(lambda x, y: ((y <= 0) & (y >= -half) & (np.abs(np.abs(x) + y) <= 0.7 * w))
-                        | ((y >= 0) & (y <= half) & (np.abs(x) <= w / 2)))  # fmt: skip
+    return supersampled(
+        lambda x, y: (
+            ((y <= 0) & (y >= -half) & (np.abs(np.abs(x) + y) <= 0.7 * w))
+            | ((y >= 0) & (y <= half) & (np.abs(x) <= w / 2))
+        )
+    )
 
 
 def speckle(alpha: np.ndarray, rng: np.random.Generator, p: float = 0.3, tile: int = 4) -> np.ndarray:
@@ -155,7 +159,12 @@ def test_the_template_bank_holds_shape_masks_renders():
         kind, rest = divmod(index, len(shape_fit.SIZES_PX) * per_size)
         size, centre = divmod(rest, per_size)
         iy, ix = divmod(centre, len(offsets))
-        want = shape_mask(kind, np.array([shape_fit.SIZES_PX[size]]), np.array([canvas / 2 + offsets[ix]]),
-                          np.array([canvas / 2 + offsets[iy]]), canvas)[0]  # fmt: skip
+        want = shape_mask(
+            kind,
+            np.array([shape_fit.SIZES_PX[size]]),
+            np.array([canvas / 2 + offsets[ix]]),
+            np.array([canvas / 2 + offsets[iy]]),
+            canvas,
+        )[0]
         assert np.array_equal(bank[index].reshape(canvas, canvas), want), (SHAPES[kind], size, iy, ix)
         assert kinds[index] == kind and areas[index] == want.sum()

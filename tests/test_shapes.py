@@ -162,13 +162,17 @@ def test_captions():
         assert detailed.endswith(f" on a {a['background']} background")
     base = {"shape": "circle", "color": "red", "background": "blue", "size": "large", "size_px": 10}
     assert caption({**base, "cx": 5, "cy": 5}, detail=True) == (
-        "a large red circle at the top left on a blue background")
+        "a large red circle at the top left on a blue background"
+    )
     assert caption({**base, "cx": 16, "cy": 16}, detail=True) == (
-        "a large red circle in the center on a blue background")
+        "a large red circle in the center on a blue background"
+    )
     assert caption({**base, "cx": 28, "cy": 16}, detail=True) == (
-        "a large red circle at the middle right on a blue background")
+        "a large red circle at the middle right on a blue background"
+    )
     assert caption({**base, "cx": 16, "cy": 30}, detail=True) == (
-        "a large red circle at the bottom center on a blue background")
+        "a large red circle at the bottom center on a blue background"
+    )
 
 
 def test_read_shape_clean_accuracy():
@@ -239,6 +243,7 @@ def test_make_shapes_renders_in_batches_not_per_image(monkeypatch):
 
     calls = []
     render = shapes_module._render_batch
+
     def counted(kind, fg, *args):
         calls.append(len(fg))
         return render(kind, fg, *args)

@@ -92,16 +92,32 @@ def test_shortcut_training_resumes_exactly_and_samples_in_one_step(tmp_path, cap
         assert torch.equal(v, resumed.run.model.state_dict()[k]), k
     model, _ = load_model(tmp_path / "a" / "checkpoint.pt")
     assert model.config.shortcut and model.d_embed is not None
-    code = main(["sample", "--checkpoint", str(tmp_path / "a" / "checkpoint.pt"), "--steps", "1", "--cfg", "1",
-                 "--n", "4", "--precision", "fp32", "--out", str(tmp_path / "one.png")])  # fmt: skip
+    code = main(
+        [
+            "sample",
+            "--checkpoint",
+            str(tmp_path / "a" / "checkpoint.pt"),
+            "--steps",
+            "1",
+            "--cfg",
+            "1",
+            "--n",
+            "4",
+            "--precision",
+            "fp32",
+            "--out",
+            str(tmp_path / "one.png"),
+        ]
+    )
     assert code == 0 and "1 model evaluations per image" in capsys.readouterr().err
     with pytest.raises(Exception, match="few_step: 'shortcut' -> 'none'"):
         Trainer(fast_config(tmp_path / "a", **{**kw, "few_step": "none", "steps": 5}), progress=False)
 
 
 def test_shortcut_loss_falls_in_a_short_run(tmp_path):
-    trainer = Trainer(fast_config(tmp_path, steps=30, batch_size=32, limit=256, few_step="shortcut", log_every=10),
-                      progress=False)  # fmt: skip
+    trainer = Trainer(
+        fast_config(tmp_path, steps=30, batch_size=32, limit=256, few_step="shortcut", log_every=10), progress=False
+    )
     first = trainer.validation_losses(trainer.run.ema)[0]
     result = trainer.fit()
     assert math.isfinite(result.val_loss) and result.val_loss < 0.8 * first

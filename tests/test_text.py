@@ -68,9 +68,14 @@ def test_tokenizer_survives_a_weights_only_checkpoint():
     assert back == tok and torch.equal(back.encode(SHAPES_CAPTIONS[:5]), tok.encode(SHAPES_CAPTIONS[:5]))
 
 
-@pytest.mark.parametrize("vocab, max_len, match", [
-    (("red", "red"), 4, "distinct"), (("Red",), 4, "lower-case"), (("red",), 0, "max_len must be >= 1"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "vocab, max_len, match",
+    [
+        (("red", "red"), 4, "distinct"),
+        (("Red",), 4, "lower-case"),
+        (("red",), 0, "max_len must be >= 1"),
+    ],
+)
 def test_bad_tokenizers_are_refused(vocab, max_len, match):
     with pytest.raises(TinyDiTError, match=match):
         Tokenizer(vocab, max_len)

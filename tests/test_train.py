@@ -118,8 +118,9 @@ def test_cooldown_decays_the_learning_rate_linearly_over_the_last_steps(tmp_path
     lrs = [trainer.budget.lr_at(s) for s in range(10)]
     assert lrs == pytest.approx([5e-4] + [1e-3] * 5 + [1e-3, 7.5e-4, 5e-4, 2.5e-4])
     trainer.fit()
-    logged = {r["step"]: r["lr"] for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())
-              if "lr" in r}  # fmt: skip
+    logged = {
+        r["step"]: r["lr"] for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines()) if "lr" in r
+    }
     assert logged[10] == trainer.run.opt.param_groups[0]["lr"] == pytest.approx(2.5e-4)  # the last step's rate
     with pytest.raises(TinyDiTError, match="`cooldown` 4 .* give `steps` of at least 4 \\(got 3\\)"):
         fast_config(tmp_path, steps=3, cooldown=4)
@@ -165,8 +166,11 @@ def test_minutes_budget_stops_the_run(tmp_path, monkeypatch):
         now[0] += 0.1
         return now[0]
 
-    monkeypatch.setattr(budget_module, "time", types.SimpleNamespace(perf_counter=perf_counter, strftime=time.strftime,
-                                                                       gmtime=time.gmtime))  # fmt: skip
+    monkeypatch.setattr(
+        budget_module,
+        "time",
+        types.SimpleNamespace(perf_counter=perf_counter, strftime=time.strftime, gmtime=time.gmtime),
+    )
     result = Trainer(fast_config(tmp_path, steps=None, minutes=0.02), progress=False).fit()
     assert 1 <= result.step and 1.2 <= result.train_seconds < 1.2 + 1.0  # at most one step's readings past it
 
@@ -180,8 +184,17 @@ def test_ema_update_is_a_lerp():
 
 @pytest.mark.skipif(not HAS_FMNIST, reason="Fashion-MNIST is absent (./data and Debian's dataset-fashion-mnist)")
 def test_fashion_mnist_validation_loss_falls(tmp_path):
-    cfg = fast_config(tmp_path, data="fashion-mnist", steps=60, batch_size=64, limit=4096, val_size=256,
-                      warmup=10, val_every=1000, lr=2e-3)
+    cfg = fast_config(
+        tmp_path,
+        data="fashion-mnist",
+        steps=60,
+        batch_size=64,
+        limit=4096,
+        val_size=256,
+        warmup=10,
+        val_every=1000,
+        lr=2e-3,
+    )
     trainer = Trainer(cfg, progress=False)
     assert trainer.model_config.in_channels == 1 and trainer.model_config.img_size == 28
     before = trainer.validation_losses(trainer.run.model)[0]
@@ -260,8 +273,10 @@ def test_the_trainers_adamw_is_fused_on_a_cpu_and_takes_the_plain_adamw_step():
     start = torch.randn(5, 3, generator=torch.Generator().manual_seed(0))
     grad = torch.randn(5, 3, generator=torch.Generator().manual_seed(1))
     params = []
-    for make in (lambda p: adamw([p], torch.device("cpu"), lr=0.1, weight_decay=0.05),
-                 lambda p: torch.optim.AdamW([p], lr=0.1, betas=(0.9, 0.99), weight_decay=0.05)):  # fmt: skip
+    for make in (
+        lambda p: adamw([p], torch.device("cpu"), lr=0.1, weight_decay=0.05),
+        lambda p: torch.optim.AdamW([p], lr=0.1, betas=(0.9, 0.99), weight_decay=0.05),
+    ):
         p = torch.nn.Parameter(start.clone())
         opt = make(p)
         for _ in range(3):
@@ -342,8 +357,15 @@ def test_resolving_fills_a_new_config_and_a_resolved_one_resolves_to_itself():
     given = TrainConfig(data="fmnist", minutes=2)
     resolved = resolve(given)
     assert given == TrainConfig(data="fmnist", minutes=2) and given.preset is None and given.lr is None
-    assert None not in (resolved.preset, resolved.cond, resolved.batch_size, resolved.lr, resolved.t_sampling,
-                        resolved.t_shift, resolved.cooldown_frac)  # fmt: skip
+    assert None not in (
+        resolved.preset,
+        resolved.cond,
+        resolved.batch_size,
+        resolved.lr,
+        resolved.t_sampling,
+        resolved.t_shift,
+        resolved.cooldown_frac,
+    )
     assert resolved.cooldown_frac == 0.2 and resolved.steps is None and resolved.t_sampling == "uniform"
     assert resolve(resolved) == resolved == resolve(TrainConfig.from_dict(resolved.to_dict()))
     assert resolve(TrainConfig()).steps == 2000

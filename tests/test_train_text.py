@@ -27,8 +27,9 @@ def _states_equal(a: dict, b: dict) -> bool:
 
 @pytest.mark.parametrize("kind", [MMDIT, TEXT_DIT], ids=["mmdit", "dit-text"])
 def test_the_validation_loss_falls_on_shapes_captions(tmp_path, kind):
-    cfg = fast_config(tmp_path, **kind, steps=50, batch_size=32, limit=1024, val_size=64, warmup=5, lr=2e-3,
-                      val_every=1000)  # fmt: skip
+    cfg = fast_config(
+        tmp_path, **kind, steps=50, batch_size=32, limit=1024, val_size=64, warmup=5, lr=2e-3, val_every=1000
+    )
     trainer = Trainer(cfg, progress=False)
     before = trainer.validation_losses(trainer.run.model)[0]  # the zero prediction: about E|noise - x0|^2
     result = trainer.fit()
@@ -93,13 +94,16 @@ def test_dropped_captions_become_the_empty_caption(tmp_path):
     assert bool((y[~empty, 1:] != PAD).all())  # the others keep their whole 7-word caption
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(model="mmdit", cond="class"), "use `model` dit for class labels"),
-    (dict(model="mmdit", preset="dit-0.2m"), "unknown preset 'dit-0.2m' for `model` mmdit: use one of mmdit-0.2m"),
-    (dict(model="unet"), "unknown `model` 'unet'"),
-    (dict(holdout="red triangle"), "add `cond` text"),
-    (dict(model="mmdit", holdout="red triangle,,"), "empty phrase"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(model="mmdit", cond="class"), "use `model` dit for class labels"),
+        (dict(model="mmdit", preset="dit-0.2m"), "unknown preset 'dit-0.2m' for `model` mmdit: use one of mmdit-0.2m"),
+        (dict(model="unet"), "unknown `model` 'unet'"),
+        (dict(holdout="red triangle"), "add `cond` text"),
+        (dict(model="mmdit", holdout="red triangle,,"), "empty phrase"),
+    ],
+)
 def test_config_errors_name_the_fix(kwargs, match):
     with pytest.raises(TinyDiTError, match=match):
         resolve(TrainConfig(**kwargs))

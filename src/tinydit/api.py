@@ -15,8 +15,6 @@ Arguments are checked here, once, before any work; errors name the parameter in 
 
 from __future__ import annotations
 
-import datetime
-import json
 import math
 import time
 from dataclasses import dataclass
@@ -30,48 +28,70 @@ from tinydit import distributed
 from tinydit.config import TrainConfig, check_seed
 from tinydit.data.datasets import load_dataset
 from tinydit.data.samples import check_output, load_samples, write_samples
-from tinydit.data.text import tokenizer_of
 from tinydit.errors import TinyDiTError
-from tinydit.eval.evaluate import DEFAULT_CACHE, generate_for_eval, to_eval_images
+from tinydit.eval.evaluate import DEFAULT_CACHE, to_eval_images
 from tinydit.eval.evaluate import evaluate as evaluate_images
 from tinydit.eval.report import write_report
 from tinydit.eval.run_report import write_run_report
-from tinydit.eval.sweep import run_sweep
+from tinydit.eval.sampling import generate_for_eval
+from tinydit.eval.sweep import best_setting, run_sweep, sweep_rows
 from tinydit.export import export as export_model
 from tinydit.files import RunDirLock, ensure_writable_dir
 from tinydit.flow.distill import warn_if_untrained_settings
-from tinydit.flow.generate import class_cycle, generate
+from tinydit.flow.generate import generate, resolve_labels, resolve_prompts, sample_conditions
 from tinydit.flow.grids import GRID_NAMES
-from tinydit.flow.records import SAMPLING_DEFAULT, SAMPLING_KEYS, recorded_sampling, split_sampling
+from tinydit.flow.records import SAMPLING_KEYS, recorded_sampling, split_sampling
 from tinydit.flow.samplers import SAMPLER_NAMES, check_sampler_args
 from tinydit.models import checkpoint as checkpoints
-from tinydit.models.dit import DiTConfig, count_params
-from tinydit.models.presets import DEFAULT_DATA_PRESETS, MODEL_PRESETS
 from tinydit.models.pretrained import reference_folder
-from tinydit.models.registry import MODEL_TYPES, build_model, preset_config
+from tinydit.models.registry import preset_rows
 from tinydit.runtime import autocast, maybe_compile, resolve_compile, resolve_device, resolve_precision
 from tinydit.train import Trainer, TrainResult
 from tinydit.train.checkpoint import save_checkpoint
 from tinydit.train.resolve import CHOICES as TRAIN_CHOICES
 
-__all__ = ["train", "sample", "Samples", "evaluate", "sweep", "presets", "report", "export", "load_model",
-           "resolve_labels", "resolve_prompts", "TRAIN_CHOICES", "SAMPLER_NAMES", "GRID_NAMES"]  # fmt: skip
+__all__ = [
+    "train",
+    "sample",
+    "Samples",
+    "evaluate",
+    "sweep",
+    "presets",
+    "report",
+    "export",
+    "load_model",
+    "resolve_labels",
+    "resolve_prompts",
+    "sweep_rows",
+    "TRAIN_CHOICES",
+    "SAMPLER_NAMES",
+    "GRID_NAMES",
+]
 
 
-def train(config: TrainConfig, dataset: Dataset | None = None, val_dataset: Dataset | None = None, *,
-          overwrite: bool = False, resume: bool = False, progress: bool = True) -> TrainResult:  # fmt: skip
+def train(
+    config: TrainConfig,
+    dataset: Dataset | None = None,
+    val_dataset: Dataset | None = None,
+    *,
+    overwrite: bool = False,
+    resume: bool = False,
+    progress: bool = True,
+) -> TrainResult:
     """Train as ``config`` says (re-running continues ``config.out``). ``dataset``: any map-style Dataset of
     (image (C, H, W) float in [-1, 1], label) to train on instead of ``config.data``; ``val_dataset``
     its validation images (default: every 20th image of ``dataset`` is held out)."""
     if overwrite and resume:
         raise TinyDiTError("`overwrite` starts afresh and `resume` insists on continuing: give one of them")
-    trainer = Trainer(config, overwrite=overwrite, require_resume=resume, progress=progress, dataset=dataset,
-                      val_dataset=val_dataset)  # fmt: skip
+    trainer = Trainer(
+        config, overwrite=overwrite, require_resume=resume, progress=progress, dataset=dataset, val_dataset=val_dataset
+    )
     return trainer.fit()
 
 
-def load_model(checkpoint: str | Path | dict, ema: bool = True,
-               device: str | torch.device = "cpu") -> tuple[nn.Module, dict]:  # fmt: skip
+def load_model(
+    checkpoint: str | Path | dict, ema: bool = True, device: str | torch.device = "cpu"
+) -> tuple[nn.Module, dict]:
     """The checkpoint's model (a DiT or an MMDiT; EMA weights by default) in eval mode, and the checkpoint dict."""
     return checkpoints.load_model(checkpoint, ema=ema, map_location=resolve_device(device))
 
@@ -104,8 +124,11 @@ def resolve_sampling(state: dict, **given) -> tuple[dict, str]:
     if settings["grid"] not in (None, "uniform"):
         what += f", {settings['grid']} grid" + (f" (shift {settings['shift']:g})" if settings["shift"] else "")
     what += "".join(f", {k} {settings[k]:g}" for k in ("eta", "rtol", "atol") if settings[k] is not None)
-    why = (f"the checkpoint's recorded settings ({record.get('source', 'no source')})" if not given else
-           f"{', '.join(sorted(given))} as given, the rest as recorded ({record.get('source', 'no source')})")
+    why = (
+        f"the checkpoint's recorded settings ({record.get('source', 'no source')})"
+        if not given
+        else f"{', '.join(sorted(given))} as given, the rest as recorded ({record.get('source', 'no source')})"
+    )
     return settings, f"sampling with {what}: {why}"
 
 
@@ -156,39 +179,24 @@ def sample(
     out = check_output(out) if out is not None and world.main else None  # created once the checkpoint has loaded
     warn_if_untrained_settings(state, sampler, steps, cfg_scale, options.get("grid", "uniform"))
     forward = maybe_compile(model, resolve_compile(compile, device))
-    y, labels, names, nrow = _conditions(checkpoint, state, n, classes, prompts, unconditional, nrow)
+    y, labels, names, nrow = sample_conditions(checkpoint, state, n, classes, prompts, unconditional, nrow)
     started = time.perf_counter()
     with autocast(device, precision):
-        res = generate(forward, y, steps=steps, cfg_scale=cfg_scale, seed=seed, sampler=sampler, progress=progress,
-                       world=world, **options)  # fmt: skip
+        res = generate(
+            forward,
+            y,
+            steps=steps,
+            cfg_scale=cfg_scale,
+            seed=seed,
+            sampler=sampler,
+            progress=progress,
+            world=world,
+            **options,
+        )
     x = res.x.float()
     if out is not None:
         write_samples(x, labels, out, names, nrow=nrow)
     return Samples(x, labels, names, res.nfe, time.perf_counter() - started, out, settings, note)
-
-
-def _conditions(checkpoint, state: dict, n: int | None, classes, prompts, unconditional: bool, nrow: int | None):
-    """What ``sample`` draws each image of: (y, labels, names, nrow). Class models: labels (N,) of ``classes``
-    (default all, n = 64), a column each; text models: caption ids (P n, L) of ``prompts`` (default the run's
-    grid prompts, n = 8 each), a row each; ``unconditional``: the null label or the empty caption."""
-    names, tokenizer = state["data"]["classes"], tokenizer_of(state)
-    if tokenizer is None:
-        if prompts:
-            raise TinyDiTError(f"{checkpoint} is class-conditional (classes: {', '.join(names)}): use `classes`, not "
-                               "`prompts`; prompts need a text run (`model` mmdit or `cond` text)")  # fmt: skip
-        n = 64 if n is None else n
-        if unconditional:
-            y = labels = torch.full_like(resolve_labels(None, names, n), len(names))  # the null label, n checked
-            names = [*names, "unconditional"]
-        else:
-            y = labels = resolve_labels(classes, names, n)
-        return y, labels, names, nrow or (len(names) if not (classes or unconditional) else min(8, n))
-    if classes:
-        raise TinyDiTError(f"{checkpoint} is a text-to-image model: use `prompts`, not `classes`")
-    names = [""] if unconditional else list(prompts or state["data"]["prompts"])
-    n = 8 if n is None else n
-    y, labels = resolve_prompts(names, tokenizer, n, allow_empty=unconditional)  # (P n, L), (P n,): a row each
-    return y, labels, names, nrow or n
 
 
 def evaluate(
@@ -222,18 +230,19 @@ def evaluate(
         raise TinyDiTError("give one of `checkpoint` (to sample and score) or `samples` (to score existing images)")
     check_seed(seed)
     if (checkpoint or samples) and not Path(checkpoint or samples).exists():
-        raise TinyDiTError(f"{checkpoint or samples} does not exist; pass a checkpoint.pt, or samples as an .npz "
-                           "or a folder of images")  # fmt: skip
+        raise TinyDiTError(
+            f"{checkpoint or samples} does not exist; pass a checkpoint.pt, or samples as an .npz or a folder of images"
+        )
     extra: dict = {"nfe_per_image": None, "generation_seconds": None}
     world = distributed.init(resolve_device(device))
     if checkpoint is not None:
         state = checkpoints.load_checkpoint(checkpoint)
         settings, note = resolve_sampling(state, sampler=sampler, steps=steps, cfg_scale=cfg_scale, **options)
         sampler, steps, cfg_scale, options = split_sampling(settings)
-        images, labels, data, classes, extra = generate_for_eval(state, n, steps, cfg_scale, seed,
-                                                                 world.device(resolve_device(device)), data,
-                                                                 sampler=sampler, progress=progress, world=world,
-                                                                 **options)  # fmt: skip
+        dev, common = world.device(resolve_device(device)), dict(sampler=sampler, progress=progress, world=world)
+        images, labels, data, classes, extra = generate_for_eval(
+            state, n, steps, cfg_scale, seed, dev, data, **common, **options
+        )
         extra["sampler_note"] = note
     if not world.main:  # rank 0 alone scores and writes
         return {}
@@ -243,51 +252,46 @@ def evaluate(
         classes = load_dataset(data, train=False, root=data_root, limit=1).classes
         images, labels = load_samples(samples, classes)
     images = to_eval_images(images, data)  # once: uint8 at the evaluation size, for the metrics and the report
-    metrics = evaluate_images(images, labels, data, split=split, root=data_root, cache_dir=cache_dir,
-                              inception=inception, inception_weights=inception_weights)  # fmt: skip
+    nets = dict(inception=inception, inception_weights=inception_weights)
+    metrics = evaluate_images(images, labels, data, split=split, root=data_root, cache_dir=cache_dir, **nets)
     metrics.update(extra)
     out = ensure_writable_dir(out)  # created only now: a bad input leaves no empty folder behind
     write_report(out, metrics, command or "", images, labels, classes)
     return metrics
 
 
-def sweep(checkpoint: str | Path, out: str | Path, samplers=("euler", "heun"), steps=(4, 8, 16, 32), cfgs=(1.0, 2.0),
-          tols=(1e-2, 1e-3), *, device: str | torch.device = "auto", apply: bool = False, max_nfe: float = 20,
-          **kwargs) -> list[dict]:  # fmt: skip
+def sweep(
+    checkpoint: str | Path,
+    out: str | Path,
+    samplers=("euler", "heun"),
+    steps=(4, 8, 16, 32),
+    cfgs=(1.0, 2.0),
+    tols=(1e-2, 1e-3),
+    *,
+    device: str | torch.device = "auto",
+    apply: bool = False,
+    max_nfe: float = 20,
+    **kwargs,
+) -> list[dict]:
     """Quality against model evaluations for every sampler x steps x guidance combination
     (``tinydit.eval.sweep``); writes sweep.csv, sweep.md, sweep.json and sweep.png into ``out``. With
     ``apply``, the best setting within ``max_nfe`` evaluations per image becomes the checkpoint's record."""
     check_seed(kwargs.get("seed", 0))
     if not (math.isfinite(max_nfe) and max_nfe >= 1):
         raise TinyDiTError(f"`max_nfe` must be a number >= 1, got {max_nfe}")
-    rows = run_sweep(checkpoint, out, samplers=list(samplers), steps=list(steps), cfgs=list(cfgs), tols=list(tols),
-                     device=resolve_device(device), **kwargs)  # fmt: skip
+    rows = run_sweep(
+        checkpoint,
+        out,
+        samplers=list(samplers),
+        steps=list(steps),
+        cfgs=list(cfgs),
+        tols=list(tols),
+        device=resolve_device(device),
+        **kwargs,
+    )
     if apply:
         record_sampling(checkpoint, best_setting(rows, max_nfe, kwargs.get("n", 1000), kwargs.get("seed", 0)))
     return rows
-
-
-def sweep_rows(out: str | Path) -> list[dict]:
-    """The rows a sweep wrote into ``out`` (sweep.json)."""
-    return json.loads((Path(out) / "sweep.json").read_text())["rows"]
-
-
-def best_setting(rows: list[dict], max_nfe: float, n: int, seed: int) -> dict:
-    """The sweep row with the lowest FID within ``max_nfe`` model evaluations per image, as a record."""
-    within = [r for r in rows if r["nfe"] <= max_nfe]
-    if not within:
-        raise TinyDiTError(f"no swept setting takes at most {max_nfe:g} evaluations per image (the fewest took "
-                           f"{min(r['nfe'] for r in rows):g}); raise `max_nfe` or sweep fewer steps")  # fmt: skip
-    fid = f"fid_{within[0]['feature_net']}"
-    best = min(within, key=lambda r: r[fid])
-    s = best["sampler_settings"]
-    record = {**SAMPLING_DEFAULT, "sampler": s["name"], "steps": s["steps"], "cfg_scale": s["cfg"], "grid": s["grid"],
-              "shift": s.get("shift"), "cfg_interval": s.get("cfg_interval"), "eta": s.get("eta"),
-              "rtol": s.get("rtol"), "atol": s.get("atol")}  # fmt: skip
-    record["source"] = (f"tinydit sweep --apply, {datetime.date.today().isoformat()}: {fid} {best[fid]:.4g} with "
-                        f"{best['nfe']:g} evaluations per image ({n} samples, seed {seed}), the best of {len(within)} "
-                        f"settings within {max_nfe:g}")  # fmt: skip
-    return record
 
 
 def record_sampling(checkpoint: str | Path, record: dict) -> None:
@@ -297,15 +301,23 @@ def record_sampling(checkpoint: str | Path, record: dict) -> None:
     lock = RunDirLock(path.parent).acquire()
     try:
         state = checkpoints.load_checkpoint(path)
-        save_checkpoint(path, {**{k: v for k, v in state.items() if k not in ("format", "format_version")},
-                               "sampling": record})  # fmt: skip
+        save_checkpoint(
+            path, {**{k: v for k, v in state.items() if k not in ("format", "format_version")}, "sampling": record}
+        )
     finally:
         lock.release()
 
 
-def export(checkpoint: str | Path, format: str, out: str | Path, ema: bool = True,
-           ort_web: str | Path | None = None, dtype: str = "float32",
-           metrics: str | Path | None = None, about: str | None = None) -> Path:  # fmt: skip
+def export(
+    checkpoint: str | Path,
+    format: str,
+    out: str | Path,
+    ema: bool = True,
+    ort_web: str | Path | None = None,
+    dtype: str = "float32",
+    metrics: str | Path | None = None,
+    about: str | None = None,
+) -> Path:
     """The checkpoint's velocity model as a pretrained safetensors folder, ONNX, a torch.export program, or a
     web page (``tinydit.export``)."""
     return export_model(checkpoint, format, out, ema=ema, ort_web=ort_web, dtype=dtype, metrics=metrics, about=about)
@@ -323,72 +335,11 @@ def from_pretrained(path: str | Path, ema: bool = True, device: str | torch.devi
     return load_model(path, ema=ema, device=device)[0]
 
 
+def presets() -> list[dict]:
+    """Every model preset with its size (``tinydit.models.registry.preset_rows``)."""
+    return preset_rows()
+
+
 def report(run_dir: str | Path) -> Path:
     """Write ``run_dir``/report.html (``tinydit.eval.run_report``): one self-contained page of the run."""
     return write_run_report(run_dir)
-
-
-# The shapes captions' tokenizer (16 ids, 8 per caption), for the text models' parameter counts.
-_SHAPES_TEXT = dict(cond="text", vocab_size=16, text_len=8, n_classes=4)
-
-
-def presets() -> list[dict]:
-    """Every model preset with its size: params for 32x32 RGB with 10 classes (class DiTs) and with the
-    shapes captions' text encoder (``params_text``); ``switches``: where it differs from the original DiT;
-    ``default``: the model type's default, ``default_on``: the data sets whose class runs default to it."""
-    base, shown = DiTConfig(), ("norm", "qk_norm", "mlp", "pos", "pred", "stem", "head", "skips")
-    rows = []
-    for kind, table in MODEL_PRESETS.items():
-        for name in table:
-            text_fields = _SHAPES_TEXT if kind == "dit" else {k: v for k, v in _SHAPES_TEXT.items() if k != "cond"}
-            cfg = preset_config(kind, name, **text_fields)
-            params = count_params(build_model(kind, preset_config(kind, name))) if kind == "dit" else None
-            rows.append({"model": kind, "preset": name, "params": params,
-                         "params_text": count_params(build_model(kind, cfg)), "dim": cfg.dim, "depth": cfg.depth,
-                         "single_blocks": getattr(cfg, "single_blocks", 0), "n_heads": cfg.n_heads,
-                         "patch_size": cfg.patch_size, "tokens_at_32": (32 // cfg.patch_size) ** 2,
-                         "switches": {k: getattr(cfg, k) for k in shown if getattr(cfg, k) != getattr(base, k)},
-                         "default": name == MODEL_TYPES[kind].default_preset,
-                         "default_on": sorted(d for (m, d, _), p in DEFAULT_DATA_PRESETS.items()
-                                              if m == kind and p == name)})  # fmt: skip
-    return rows
-
-
-def resolve_labels(specs: list[str] | None, classes: list[str], n: int) -> torch.Tensor:
-    """Labels (n,) for class names or ids given by a user, cycled to length n; all classes if none.
-
-    ``specs`` items may be names ("sneaker") or ids ("7"); names match case-insensitively.
-    """
-    if n < 1:
-        raise TinyDiTError(f"`n` must be >= 1, got {n}")
-    if not specs:
-        return class_cycle(n, len(classes))
-    lookup = {name.lower(): i for i, name in enumerate(classes)}
-    ids = []
-    for spec in specs:
-        for item in str(spec).split(","):
-            item = item.strip()
-            if item.isdigit() and int(item) < len(classes):
-                ids.append(int(item))
-            elif item.lower() in lookup:
-                ids.append(lookup[item.lower()])
-            else:
-                raise TinyDiTError(
-                    f"unknown class {item!r}: this model knows {', '.join(classes)} (or ids 0-{len(classes) - 1})"
-                )
-    return torch.tensor(ids, dtype=torch.long)[torch.arange(n) % len(ids)]
-
-
-def resolve_prompts(prompts: list[str], tokenizer, n: int,
-                    allow_empty: bool = False) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """Caption ids (P n, L) for n images of each of P prompts, prompt after prompt, and each image's
-    prompt index (P n,). Unknown words warn by name (``tinydit.data.text.Tokenizer.encode``)."""
-    if n < 1:
-        raise TinyDiTError(f"`n` must be >= 1, got {n}")
-    if not prompts:
-        raise TinyDiTError("no prompt given: pass `prompts`, one or more captions (one grid row each)")
-    if not allow_empty and any(not p.strip() for p in prompts):
-        raise TinyDiTError("an empty prompt would sample with no caption at all; give a caption, or ask for "
-                           "unconditional samples with `unconditional`")  # fmt: skip
-    index = torch.arange(len(prompts)).repeat_interleave(n)  # (P n,): row p holds prompt p
-    return tokenizer.encode(list(prompts))[index], index

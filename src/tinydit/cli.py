@@ -37,6 +37,7 @@ from tinydit.version import __version__
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
+# fmt: off
 # How --help groups the train flags: a field not named here is a general option.
 TRAIN_GROUPS = {
     "distillation (few_step distill; the student copies the teacher's architecture)":
@@ -46,19 +47,8 @@ TRAIN_GROUPS = {
     "logging, samples and checkpoints": ("log_every", "val_every", "val_size", "sample_every", "ckpt_every",
                                          "sample_steps", "sample_cfg", "tensorboard", "report"),
     "evaluation during training (offline metrics; best.pt)": ("eval_every", "eval_n", "eval_budget", "best_metric"),
-}  # fmt: skip
-
-
-def _add_train(sub) -> None:
-    p = sub.add_parser("train", help="train a DiT or an MMDiT (re-running the same command continues the run)",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_config_flags(p, TrainConfig, api.TRAIN_CHOICES, TRAIN_GROUPS)
-    group = p.add_mutually_exclusive_group()
-    group.add_argument("--resume", action="store_true", help="insist on continuing RUN_DIR/checkpoint.pt")
-    group.add_argument("--overwrite", action="store_true", help="start afresh even if RUN_DIR holds a run")
-    for name in ("progress", "nproc"):
-        p.add_argument(FLAGS[name][0], dest=name, **FLAGS[name][1])
-    p.set_defaults(func=cmd_train)
+}
+TRAIN_HELP = "train a DiT or an MMDiT (re-running the same command continues the run)"
 
 
 CHECKPOINT_HELP = ("checkpoint.pt written by `tinydit train`, its run directory, or a pretrained folder "
@@ -124,7 +114,7 @@ FLAGS: dict[str, tuple[str, dict]] = {
                                        "node_modules/ here or above)")),
     "out": ("--out", dict(required=True)),
     "run_dir": ("run_dir", dict(help="the run directory (`tinydit train --out`)")),
-}  # fmt: skip
+}
 GRID_FLAGS = ("grid", "shift", "cfg_interval")
 SAMPLER_OPTIONS = (*GRID_FLAGS, "rtol", "atol", "eta")  # passed on as a sampler's options
 SAMPLER_FLAGS = ("sampler", "steps", *SAMPLER_OPTIONS)
@@ -157,7 +147,21 @@ COMMANDS: dict[str, tuple[str, tuple, dict]] = {
                 "ema": dict(help="export the raw weights instead of the EMA")}),
     "presets": ("list the model size presets", (), {}),
     "report": ("write RUN_DIR/report.html: config, curves, evaluations and samples of a run", ("run_dir",), {}),
-}  # fmt: skip
+}
+PRESETS_NOTE = ("params: class-conditional, 32x32 RGB, 10 classes; +text: with the text encoder, on the shapes "
+                "captions. mmdit depth: joint + single-stream blocks.")
+# fmt: on
+
+
+def _add_train(sub) -> None:
+    p = sub.add_parser("train", help=TRAIN_HELP, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_config_flags(p, TrainConfig, api.TRAIN_CHOICES, TRAIN_GROUPS)
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--resume", action="store_true", help="insist on continuing RUN_DIR/checkpoint.pt")
+    group.add_argument("--overwrite", action="store_true", help="start afresh even if RUN_DIR holds a run")
+    for name in ("progress", "nproc"):
+        p.add_argument(FLAGS[name][0], dest=name, **FLAGS[name][1])
+    p.set_defaults(func=cmd_train)
 
 
 def _add_command(sub, name: str) -> None:
@@ -184,8 +188,8 @@ def _call(fn, args: argparse.Namespace, **given):
     passes_on = any(p.kind is p.VAR_KEYWORD for p in params.values())
     cli_only = ("func", "argv", "command", "pretrained", "nproc")
     kw = {k: v for k, v in vars(args).items() if k in params or (passes_on and k not in cli_only)}
-    if "checkpoint" in kw:
-        kw["checkpoint"] = _checkpoint(args)
+    if "checkpoint" in kw:  # --checkpoint, or the folder of --pretrained NAME
+        kw["checkpoint"] = api.pretrained(args.pretrained) if getattr(args, "pretrained", None) else args.checkpoint
     return fn(**{**kw, **given})
 
 
@@ -203,9 +207,8 @@ def cmd_sample(args: argparse.Namespace) -> int:
     res = _call(api.sample, args, progress=True)
     if distributed.rank():  # rank 0 alone reports
         return 0
-    print(res.note, file=sys.stderr)
-    print(f"wrote {len(res.x)} samples to {res.path} ({res.settings['sampler']}, {res.nfe:g} model evaluations per "
-          f"image, {res.seconds:.1f} s)", file=sys.stderr)  # fmt: skip
+    cost = f"{res.settings['sampler']}, {res.nfe:g} model evaluations per image, {res.seconds:.1f} s"
+    print(f"{res.note}\nwrote {len(res.x)} samples to {res.path} ({cost})", file=sys.stderr)
     return 0
 
 
@@ -231,18 +234,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
-    print(f"{'preset':10} {'params':>8} {'+text':>8} {'dim':>5} {'depth':>5} {'heads':>5} {'patch':>5} "
-          f"{'tokens@32':>9}  switches")  # fmt: skip
+    print(f"{'preset':10} {'params':>8} {'+text':>8}   dim depth heads patch tokens@32  switches")
     for r in api.presets():
         params = f"{r['params'] / 1e6:7.2f}M" if r["params"] is not None else f"{'-':>8}"
         depth = f"{r['depth']:5}" if r["model"] == "dit" else f"{r['depth']}+{r['single_blocks']:<3}"
         switches = " ".join(f"{k}={v}" for k, v in r["switches"].items()) or "-"
         mark = ("  (default)" if r["model"] == "dit" else "  (default for --model mmdit)") if r["default"] else ""
         mark += f"  (default on {', '.join(r['default_on'])})" if r["default_on"] else ""
-        print(f"{r['preset']:10} {params} {r['params_text'] / 1e6:7.2f}M {r['dim']:5} {depth} {r['n_heads']:5} "
-              f"{r['patch_size']:5} {r['tokens_at_32']:9}  {switches}{mark}")  # fmt: skip
-    print("params: class-conditional, 32x32 RGB, 10 classes; +text: with the text encoder, on the shapes captions. "
-          "mmdit depth: joint + single-stream blocks.")
+        shape = f"{r['dim']:5} {depth} {r['n_heads']:5} {r['patch_size']:5} {r['tokens_at_32']:9}"
+        print(f"{r['preset']:10} {params} {r['params_text'] / 1e6:7.2f}M {shape}  {switches}{mark}")
+    print(PRESETS_NOTE)
     return 0
 
 
@@ -256,11 +257,6 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     print(f"wrote {api.report(args.run_dir)}", file=sys.stderr)
     return 0
-
-
-def _checkpoint(args: argparse.Namespace):
-    """The checkpoint a command reads: --checkpoint, or the folder of --pretrained NAME."""
-    return api.pretrained(args.pretrained) if getattr(args, "pretrained", None) else args.checkpoint
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,8 +21,15 @@ from tinydit.errors import TinyDiTError
 from tinydit.runtime import COMPILE, PRECISIONS
 from tinydit.tokens import parse_phrases
 
-__all__ = ["TrainConfig", "CHOICES", "TRAJECTORY_FIELDS", "FEW_STEP", "PRECISION_CHOICES", "MAX_COOLDOWN_FRAC",
-           "check_seed"]  # fmt: skip
+__all__ = [
+    "TrainConfig",
+    "CHOICES",
+    "TRAJECTORY_FIELDS",
+    "FEW_STEP",
+    "PRECISION_CHOICES",
+    "MAX_COOLDOWN_FRAC",
+    "check_seed",
+]
 
 PRECISION_CHOICES = ("auto", *PRECISIONS)  # auto: the fastest measured on the device (tinydit.runtime)
 FEW_STEP = ("none", "shortcut", "distill")  # see TrainConfig.few_step
@@ -39,17 +46,47 @@ def check_seed(seed: int) -> None:
 # Fields that change what a run computes. A run directory can only be continued with the same values;
 # everything else (steps, minutes, logging intervals, device) may change between invocations.
 TRAJECTORY_FIELDS = (
-    "data", "classes", "preset", "batch_size", "lr", "warmup", "cooldown_frac", "weight_decay", "grad_clip",
-    "ema_decay", "class_dropout", "seed", "limit", "t_sampling", "t_shift", "norm", "qk_norm", "mlp", "pos", "pred",
-    "few_step", "model", "cond", "holdout", "teacher", "teacher_sampler", "teacher_steps", "teacher_cfg",
-    "teacher_cfg_interval", "distill_paths",
-)  # fmt: skip
+    "data",
+    "classes",
+    "preset",
+    "batch_size",
+    "lr",
+    "warmup",
+    "cooldown_frac",
+    "weight_decay",
+    "grad_clip",
+    "ema_decay",
+    "class_dropout",
+    "seed",
+    "limit",
+    "t_sampling",
+    "t_shift",
+    "norm",
+    "qk_norm",
+    "mlp",
+    "pos",
+    "pred",
+    "few_step",
+    "model",
+    "cond",
+    "holdout",
+    "teacher",
+    "teacher_sampler",
+    "teacher_steps",
+    "teacher_cfg",
+    "teacher_cfg_interval",
+    "distill_paths",
+)
 
 
 # The values of the fields whose closed sets the config owns; the others (model, cond, t_sampling,
 # teacher_sampler and the architecture switches) are their owners' names, checked by the resolve step.
-CHOICES: dict[str, tuple[str, ...]] = {"few_step": FEW_STEP, "precision": PRECISION_CHOICES, "compile": COMPILE,
-                                       "eval_budget": EVAL_BUDGETS}  # fmt: skip
+CHOICES: dict[str, tuple[str, ...]] = {
+    "few_step": FEW_STEP,
+    "precision": PRECISION_CHOICES,
+    "compile": COMPILE,
+    "eval_budget": EVAL_BUDGETS,
+}
 
 
 @dataclass
@@ -175,19 +212,25 @@ class TrainConfig:
         # A time budget without `steps` has no steps to fall over; neither given, the resolve step's 2000 are checked.
         no_steps = self.steps is None and self.minutes is not None
         if self.cooldown and (no_steps or self.cooldown > (self.steps or math.inf)):
-            raise TinyDiTError(f"`cooldown` {self.cooldown} is a fall over the last {self.cooldown} of `steps`: give "
-                               f"`steps` of at least {self.cooldown} (got {self.steps or 'none'})")  # fmt: skip
+            raise TinyDiTError(
+                f"`cooldown` {self.cooldown} is a fall over the last {self.cooldown} of `steps`: give "
+                f"`steps` of at least {self.cooldown} (got {self.steps or 'none'})"
+            )
         if self.cooldown_frac is None:
             return
         if not 0 <= self.cooldown_frac <= MAX_COOLDOWN_FRAC:
-            raise TinyDiTError(f"`cooldown_frac` must be in [0, {MAX_COOLDOWN_FRAC}] (a share of the time budget), "
-                               f"got {self.cooldown_frac}")  # fmt: skip
+            raise TinyDiTError(
+                f"`cooldown_frac` must be in [0, {MAX_COOLDOWN_FRAC}] (a share of the time budget), "
+                f"got {self.cooldown_frac}"
+            )
         if self.cooldown_frac and self.minutes is None:
-            raise TinyDiTError("`cooldown_frac` is a share of a time budget: give `minutes` (or use `cooldown` with "
-                               "`steps`)")  # fmt: skip
+            raise TinyDiTError(
+                "`cooldown_frac` is a share of a time budget: give `minutes` (or use `cooldown` with `steps`)"
+            )
         if self.cooldown_frac and self.cooldown:
-            raise TinyDiTError("give one cool-down: `cooldown` (steps, for a `steps` run) or `cooldown_frac` (a share "
-                               "of `minutes`)")  # fmt: skip
+            raise TinyDiTError(
+                "give one cool-down: `cooldown` (steps, for a `steps` run) or `cooldown_frac` (a share of `minutes`)"
+            )
 
     def _check_distill(self) -> None:
         self.teacher_cfg_interval = tuple(float(v) for v in self.teacher_cfg_interval)  # a JSON list in config.json
@@ -202,8 +245,10 @@ class TrainConfig:
         if self.cond == "text":
             raise TinyDiTError("`few_step` distill works with class-conditional models for now; drop `cond` text")
         if self.arch_overrides():
-            raise TinyDiTError(f"the student copies the teacher's architecture; drop "
-                               f"{', '.join('`' + k + '`' for k in self.arch_overrides())}")  # fmt: skip
+            raise TinyDiTError(
+                f"the student copies the teacher's architecture; drop "
+                f"{', '.join('`' + k + '`' for k in self.arch_overrides())}"
+            )
 
     def cooldown_start(self) -> float:
         """The step where the learning rate starts to fall (inf without a cool-down)."""

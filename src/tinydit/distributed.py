@@ -137,13 +137,17 @@ def init(device: torch.device | str = "cpu") -> World:
     backend = "nccl" if device.type == "cuda" else "gloo"
     if dist.is_initialized():
         if dist.get_backend() != backend:
-            raise TinyDiTError(f"this process already joined a {dist.get_backend()} process group; a {device.type} "
-                               f"run needs {backend}: run CPU and CUDA work in separate launches")  # fmt: skip
+            raise TinyDiTError(
+                f"this process already joined a {dist.get_backend()} process group; a {device.type} "
+                f"run needs {backend}: run CPU and CUDA work in separate launches"
+            )
         return World(rank, size, local, backend)
     if device.type == "cuda":
         if local >= torch.cuda.device_count():
-            raise TinyDiTError(f"local rank {local} has no GPU of its own ({torch.cuda.device_count()} visible): "
-                               "start at most one process per GPU (--nproc_per_node)")  # fmt: skip
+            raise TinyDiTError(
+                f"local rank {local} has no GPU of its own ({torch.cuda.device_count()} visible): "
+                "start at most one process per GPU (--nproc_per_node)"
+            )
         torch.cuda.set_device(local)
     elif device.type != "cpu":
         raise TinyDiTError(f"several processes run on CUDA (NCCL) or the CPU (gloo), not {device.type}")
@@ -165,9 +169,11 @@ def _collective(fn, *args, **kwargs):
         return fn(*args, **kwargs)
     except (RuntimeError, dist.DistError) as err:
         rank = dist.get_rank() if dist.is_initialized() else "?"
-        raise TinyDiTError(f"rank {rank} lost contact with the other ranks of this run ({str(err).splitlines()[0]}): "
-                           "another rank crashed or was stopped; its own error is above. The last checkpoint is "
-                           "kept: re-run the same command to continue") from err  # fmt: skip
+        raise TinyDiTError(
+            f"rank {rank} lost contact with the other ranks of this run ({str(err).splitlines()[0]}): "
+            "another rank crashed or was stopped; its own error is above. The last checkpoint is "
+            "kept: re-run the same command to continue"
+        ) from err
 
 
 def launch_local(nproc: int, argv: list[str]) -> int:
@@ -188,7 +194,10 @@ def launch_local(nproc: int, argv: list[str]) -> int:
         # "--": torchrun would read abbreviations of its own flags (--n for --nnodes) past the module name
         torchrun(["--standalone", f"--nproc_per_node={nproc}", "-m", "tinydit", "--", *rest])
     except ChildFailedError as err:  # torchrun has printed each failed rank's error above
-        print(f"tinydit {argv[0]}: error: {len(err.failures)} of {nproc} processes failed "
-              f"(first: rank {min(err.failures)}, exit status {err.get_first_failure()[1].exitcode})", file=sys.stderr)
+        print(
+            f"tinydit {argv[0]}: error: {len(err.failures)} of {nproc} processes failed "
+            f"(first: rank {min(err.failures)}, exit status {err.get_first_failure()[1].exitcode})",
+            file=sys.stderr,
+        )
         return 1
     return 0

@@ -27,8 +27,16 @@ try:
 except ImportError:  # Windows: no advisory locks; the run directory goes unlocked there
     fcntl = None
 
-__all__ = ["atomic_write", "torch_save", "write_text", "append_line", "read_lines", "ensure_writable_dir", "io_error",
-           "RunDirLock"]
+__all__ = [
+    "atomic_write",
+    "torch_save",
+    "write_text",
+    "append_line",
+    "read_lines",
+    "ensure_writable_dir",
+    "io_error",
+    "RunDirLock",
+]
 
 
 def io_error(path: Path, err: OSError) -> TinyDiTError:
@@ -115,8 +123,10 @@ class RunDirLock:
             f.seek(0)
             holder = f.read().strip() or "another process"
             f.close()
-            raise TinyDiTError(f"{self.path.parent} is being trained by process {holder}; wait for it to finish "
-                               "(or stop it), or choose another `out`") from None  # fmt: skip
+            raise TinyDiTError(
+                f"{self.path.parent} is being trained by process {holder}; wait for it to finish "
+                "(or stop it), or choose another `out`"
+            ) from None
         f.seek(0)
         f.truncate()
         f.write(str(os.getpid()))

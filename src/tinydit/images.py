@@ -91,9 +91,7 @@ def from_uint8(x: torch.Tensor) -> torch.Tensor:
     return x.float() / 127.5 - 1.0
 
 
-def load_image(
-    path: str | Path, size: int | None = 32, device: str | torch.device = "cpu"
-) -> torch.Tensor:
+def load_image(path: str | Path, size: int | None = 32, device: str | torch.device = "cpu") -> torch.Tensor:
     """Read an image file -> (1, 3, size, size) float tensor in [-1, 1] on ``device``."""
     with Image.open(path) as opened:
         img = to_rgb(opened)
@@ -125,9 +123,7 @@ def make_grid(x: torch.Tensor, nrow: int = 8, pad: int = 2) -> torch.Tensor:
     n, c, h, w = x.shape
     ncol = max(1, min(nrow, n))
     nrows = (n + ncol - 1) // ncol
-    grid = torch.ones(
-        c, nrows * (h + pad) + pad, ncol * (w + pad) + pad, dtype=x.dtype, device=x.device
-    )  # (C, H', W')
+    grid = torch.ones(c, nrows * (h + pad) + pad, ncol * (w + pad) + pad, dtype=x.dtype, device=x.device)  # (C, H', W')
     for i in range(n):
         r, col = divmod(i, ncol)
         top, left = pad + r * (h + pad), pad + col * (w + pad)

@@ -29,15 +29,30 @@ class Progress:
     """Counts work done out of ``total`` (None: unknown) and shows it; ``set`` adds fields such as the
     loss. ``left`` (seconds) given to ``set`` overrides the estimate from the rate (a time budget)."""
 
-    def __init__(self, total: int | None, desc: str, unit: str = "step", initial: int = 0, enabled: bool = True,
-                 every: float = LINE_EVERY, stream: TextIO | None = None):  # fmt: skip
+    def __init__(
+        self,
+        total: int | None,
+        desc: str,
+        unit: str = "step",
+        initial: int = 0,
+        enabled: bool = True,
+        every: float = LINE_EVERY,
+        stream: TextIO | None = None,
+    ):
         self.total, self.desc, self.unit, self.enabled, self.every = total, desc, unit, enabled, every
         self.stream = stream if stream is not None else sys.stderr
         self.done, self.start_count, self.fields = initial, initial, {}
         self.started = self.last_line = time.monotonic()
         tty = getattr(self.stream, "isatty", lambda: False)()
-        self.bar = tqdm(total=total, initial=initial, desc=desc, unit=unit, file=self.stream, dynamic_ncols=True,
-                        disable=not (enabled and tty))  # fmt: skip
+        self.bar = tqdm(
+            total=total,
+            initial=initial,
+            desc=desc,
+            unit=unit,
+            file=self.stream,
+            dynamic_ncols=True,
+            disable=not (enabled and tty),
+        )
         self.lines = enabled and not tty
 
     def update(self, n: int = 1) -> None:

@@ -35,9 +35,22 @@ from torch import nn
 
 from tinydit.errors import TinyDiTError
 
-__all__ = ["PRECISIONS", "COMPILE", "COMPILE_CPU_MINUTES", "get_device", "resolve_device", "cpu_has_native_bf16",
-           "cpu_bf16_is_faster", "resolve_precision", "has_cxx_compiler", "resolve_compile", "autocast",
-           "make_grad_scaler", "maybe_compile", "KernelSwitch"]  # fmt: skip
+__all__ = [
+    "PRECISIONS",
+    "COMPILE",
+    "COMPILE_CPU_MINUTES",
+    "get_device",
+    "resolve_device",
+    "cpu_has_native_bf16",
+    "cpu_bf16_is_faster",
+    "resolve_precision",
+    "has_cxx_compiler",
+    "resolve_compile",
+    "autocast",
+    "make_grad_scaler",
+    "maybe_compile",
+    "KernelSwitch",
+]
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 COMPILE = ("auto", "on", "off")
@@ -88,8 +101,9 @@ class KernelSwitch:
         self.env = f"TINYDIT_{what.upper()}_KERNEL"
         self.forced = os.environ.get(self.env, "auto")
         if self.forced not in self.choices:  # read at import, before any error could be one clear line
-            warnings.warn(f"{self.env}={self.forced!r} is not one of {', '.join(self.choices)}; using auto",
-                          stacklevel=2)  # fmt: skip
+            warnings.warn(
+                f"{self.env}={self.forced!r} is not one of {', '.join(self.choices)}; using auto", stacklevel=2
+            )
             self.forced = "auto"
         _SWITCHES.append(self)
 
@@ -179,8 +193,7 @@ def resolve_compile(flag: str | bool, device: torch.device, minutes: float | Non
     if flag == "auto":
         if device.type == "cuda":
             return True
-        return (device.type == "cpu" and minutes is not None and minutes >= COMPILE_CPU_MINUTES
-                and has_cxx_compiler())  # fmt: skip
+        return device.type == "cpu" and minutes is not None and minutes >= COMPILE_CPU_MINUTES and has_cxx_compiler()
     if flag in ("on", "off"):
         return flag == "on"
     raise TinyDiTError(f"`compile` must be auto, on or off; got {flag!r}")

@@ -67,10 +67,19 @@ __all__ = [
     "folder_caption",
 ]
 
-CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer",
-                   "dog", "frog", "horse", "ship", "truck"]  # fmt: skip
-FASHION_MNIST_CLASSES = ["t-shirt", "trouser", "pullover", "dress", "coat",
-                         "sandal", "shirt", "sneaker", "bag", "ankle-boot"]  # fmt: skip
+CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+FASHION_MNIST_CLASSES = [
+    "t-shirt",
+    "trouser",
+    "pullover",
+    "dress",
+    "coat",
+    "sandal",
+    "shirt",
+    "sneaker",
+    "bag",
+    "ankle-boot",
+]
 IMG_EXTS = {".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 
@@ -289,8 +298,14 @@ def _held_out(relative: Path) -> bool:
 
 def folder_signature(root: Path) -> tuple:
     """Names, sizes and modification times of the files under root: cheap to compute, changes with them."""
-    return tuple(sorted((str(p.relative_to(root)), st.st_size, st.st_mtime_ns)
-                        for p in root.rglob("*") if p.is_file() for st in [p.stat()]))  # fmt: skip
+    return tuple(
+        sorted(
+            (str(p.relative_to(root)), st.st_size, st.st_mtime_ns)
+            for p in root.rglob("*")
+            if p.is_file()
+            for st in [p.stat()]
+        )
+    )
 
 
 @functools.lru_cache(maxsize=4)
@@ -348,8 +363,11 @@ def load_dataset(
         keep = torch.nonzero(held != train).flatten()
         if len(keep) == 0:
             if not train:
-                warnings.warn(f"{root} is too small to hold images out ({len(everything)} images): "
-                              "the validation loss is measured on training images", stacklevel=2)
+                warnings.warn(
+                    f"{root} is too small to hold images out ({len(everything)} images): "
+                    "the validation loss is measured on training images",
+                    stacklevel=2,
+                )
             keep = torch.arange(len(everything))
         ds = everything.subset(keep, flip=train)
     else:

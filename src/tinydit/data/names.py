@@ -9,8 +9,14 @@ __all__ = ["BUILTIN_DATASETS", "canonical_name"]
 
 # The built-in data sets and the spellings accepted for them; anything else is an image folder's path.
 BUILTIN_DATASETS = ("shapes", "fashion-mnist", "cifar10")
-_DATA_ALIASES = {"fashion-mnist": "fashion-mnist", "fashionmnist": "fashion-mnist", "fmnist": "fashion-mnist",
-                 "cifar10": "cifar10", "cifar-10": "cifar10", "shapes": "shapes"}  # fmt: skip
+_DATA_ALIASES = {
+    "fashion-mnist": "fashion-mnist",
+    "fashionmnist": "fashion-mnist",
+    "fmnist": "fashion-mnist",
+    "cifar10": "cifar10",
+    "cifar-10": "cifar10",
+    "shapes": "shapes",
+}
 
 
 def canonical_name(name: str) -> str:

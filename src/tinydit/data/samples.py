@@ -80,8 +80,10 @@ def load_samples(path: str | Path, classes: list[str] | None = None) -> tuple[np
         try:
             with np.load(path, allow_pickle=False) as npz:
                 if "images" not in npz:
-                    raise TinyDiTError(f"{path} has no 'images' array (found {', '.join(npz.files) or 'none'}); "
-                                       "save the samples as images=(N, C, H, W) uint8")
+                    raise TinyDiTError(
+                        f"{path} has no 'images' array (found {', '.join(npz.files) or 'none'}); "
+                        "save the samples as images=(N, C, H, W) uint8"
+                    )
                 return npz["images"], (npz["labels"] if "labels" in npz else None)
         except (zipfile.BadZipFile, ValueError, OSError, EOFError) as err:
             raise TinyDiTError(f"{path} is not a readable .npz of arrays ({type(err).__name__}: {err})") from err

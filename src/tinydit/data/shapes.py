@@ -25,8 +25,20 @@ import torch
 
 from tinydit.images import from_uint8
 
-__all__ = ["GRID_PROMPTS", "SHAPES", "COLORS", "SIZES", "RENDER_VERSION", "render_shape", "make_shapes", "caption",
-           "read_shape", "shape_coverage", "shape_mask", "ShapesDataset"]  # fmt: skip
+__all__ = [
+    "GRID_PROMPTS",
+    "SHAPES",
+    "COLORS",
+    "SIZES",
+    "RENDER_VERSION",
+    "render_shape",
+    "make_shapes",
+    "caption",
+    "read_shape",
+    "shape_coverage",
+    "shape_mask",
+    "ShapesDataset",
+]
 
 SHAPES = ("circle", "square", "triangle", "cross")
 RENDER_VERSION = 2  # bump whenever rendering changes: cached reference features are keyed on it
@@ -68,14 +80,15 @@ GRID_PROMPTS = (
 )
 
 
-def shape_coverage(kind: int, size: np.ndarray, cx: np.ndarray, cy: np.ndarray, img_size: int,
-                   supersample: int = 4) -> np.ndarray:
+def shape_coverage(
+    kind: int, size: np.ndarray, cx: np.ndarray, cy: np.ndarray, img_size: int, supersample: int = 4
+) -> np.ndarray:
     """The share of each pixel that B shapes of one kind cover: float32 (B, H, W) in [0, 1].
 
     size/cx/cy (B,) in px; each pixel is sampled on a supersample x supersample grid (anti-aliasing)."""
     b, s = len(size), img_size * supersample
     # Sub-pixel sample centres in pixel units; broadcast x over columns, y over rows.
-    grid = ((np.arange(s, dtype=np.float32) + 0.5) / supersample)
+    grid = (np.arange(s, dtype=np.float32) + 0.5) / supersample
     x = grid[None, None, :] - np.asarray(cx, dtype=np.float32)[:, None, None]  # (B, 1, S)
     y = grid[None, :, None] - np.asarray(cy, dtype=np.float32)[:, None, None]  # (B, S, 1)
     half = (np.asarray(size, dtype=np.float32) / 2)[:, None, None]
@@ -97,8 +110,16 @@ def shape_mask(kind: int, size: np.ndarray, cx: np.ndarray, cy: np.ndarray, img_
     return shape_coverage(kind, size, cx, cy, img_size) >= 0.5
 
 
-def _render_batch(kind: int, fg: np.ndarray, bg: np.ndarray, size: np.ndarray,
-                  cx: np.ndarray, cy: np.ndarray, img_size: int, supersample: int) -> np.ndarray:
+def _render_batch(
+    kind: int,
+    fg: np.ndarray,
+    bg: np.ndarray,
+    size: np.ndarray,
+    cx: np.ndarray,
+    cy: np.ndarray,
+    img_size: int,
+    supersample: int,
+) -> np.ndarray:
     """Render B shapes of one kind at once; fg/bg (B, 3), size/cx/cy (B,). Returns uint8 (B, 3, H, W)."""
     alpha = shape_coverage(kind, size, cx, cy, img_size, supersample)  # (B, H, W)
     fg_ = fg.astype(np.float32)[:, :, None, None]
@@ -107,8 +128,9 @@ def _render_batch(kind: int, fg: np.ndarray, bg: np.ndarray, size: np.ndarray,
     return np.rint(img).astype(np.uint8)
 
 
-def render_shape(shape: str, color: str, background: str, size: float, cx: float, cy: float,
-                 img_size: int = 32, supersample: int = 4) -> np.ndarray:
+def render_shape(
+    shape: str, color: str, background: str, size: float, cx: float, cy: float, img_size: int = 32, supersample: int = 4
+) -> np.ndarray:
     """Render one anti-aliased shape; size is side/diameter in px, (cx, cy) its centre in px.
 
     Returns a uint8 array of shape (3, img_size, img_size).
@@ -121,8 +143,10 @@ def render_shape(shape: str, color: str, background: str, size: float, cx: float
     if background == color:
         raise ValueError(f"background {background!r} must differ from the shape colour {color!r}")
     if size <= 0 or img_size <= 0 or supersample <= 0:
-        raise ValueError(f"size, img_size and supersample must be positive, "
-                         f"got size={size}, img_size={img_size}, supersample={supersample}")
+        raise ValueError(
+            f"size, img_size and supersample must be positive, "
+            f"got size={size}, img_size={img_size}, supersample={supersample}"
+        )
     fg = np.array([COLORS[color]], dtype=np.float32)
     bg = np.array([COLORS[background]], dtype=np.float32)
     params = np.array([[size], [cx], [cy]], dtype=np.float32)  # a batch of one
@@ -151,13 +175,23 @@ def make_shapes(n: int, seed: int = 0, img_size: int = 32) -> tuple[np.ndarray, 
     for kind in range(len(SHAPES)):
         idx = np.flatnonzero(kinds == kind)
         for start in range(0, len(idx), chunk):
-            j = idx[start:start + chunk]
-            images[j] = _render_batch(kind, _PALETTE[colors[j]], _PALETTE[backs[j]], sizes[j],
-                                      cxs[j], cys[j], img_size, 4)
-    attrs = [{"shape": SHAPES[kinds[i]], "color": _COLOR_NAMES[colors[i]],
-              "background": _COLOR_NAMES[backs[i]], "size": SIZES[int(large[i])],
-              "size_px": float(sizes[i]), "cx": float(cxs[i]), "cy": float(cys[i]),
-              "img_size": img_size} for i in range(n)]
+            j = idx[start : start + chunk]
+            images[j] = _render_batch(
+                kind, _PALETTE[colors[j]], _PALETTE[backs[j]], sizes[j], cxs[j], cys[j], img_size, 4
+            )
+    attrs = [
+        {
+            "shape": SHAPES[kinds[i]],
+            "color": _COLOR_NAMES[colors[i]],
+            "background": _COLOR_NAMES[backs[i]],
+            "size": SIZES[int(large[i])],
+            "size_px": float(sizes[i]),
+            "cx": float(cxs[i]),
+            "cy": float(cys[i]),
+            "img_size": img_size,
+        }
+        for i in range(n)
+    ]
     return images, kinds, attrs
 
 
@@ -201,11 +235,11 @@ def _outer_thirds(profile: np.ndarray) -> np.ndarray:
 def _shape_features(t: np.ndarray, mask: np.ndarray) -> tuple[float, float, float]:
     """(box fill ratio, vertical asymmetry, corner occupancy) from coverage t (H, W) and its mask."""
     rows, cols = np.flatnonzero(mask.any(axis=1)), np.flatnonzero(mask.any(axis=0))
-    box = mask[rows[0]:rows[-1] + 1, cols[0]:cols[-1] + 1]
+    box = mask[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1]
     # Fill ratio from soft coverage in the box grown by 1 px: a hard box gains or loses a
     # whole row when an edge row is ~half covered, which would blur square vs circle.
     r0, c0 = max(rows[0] - 1, 0), max(cols[0] - 1, 0)
-    win = np.clip(t[r0:rows[-1] + 2, c0:cols[-1] + 2], -1.0, 2.0)  # loose clip keeps noise unbiased
+    win = np.clip(t[r0 : rows[-1] + 2, c0 : cols[-1] + 2], -1.0, 2.0)  # loose clip keeps noise unbiased
     area = win.sum()
     # Extents: per row (column) the peak coverage, averaged 3-wide along the edge against noise.
     pad = np.pad(np.clip(win, 0, 1), 1, mode="edge")
@@ -265,8 +299,7 @@ def read_shape(image: Any) -> dict:
     mask = t > 0.5
     # Drop isolated speckles (no 8-neighbour in the mask) left by noise or artefacts.
     p = np.pad(mask, 1).astype(np.int32)
-    neigh = sum(p[1 + dy:h + 1 + dy, 1 + dx:w + 1 + dx]
-                for dy in (-1, 0, 1) for dx in (-1, 0, 1)) - mask
+    neigh = sum(p[1 + dy : h + 1 + dy, 1 + dx : w + 1 + dx] for dy in (-1, 0, 1) for dx in (-1, 0, 1)) - mask
     mask &= neigh > 0
     if mask.sum() < 3:
         return {"shape": None, "color": None, "background": _COLOR_NAMES[bg_i]}

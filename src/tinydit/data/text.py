@@ -21,10 +21,23 @@ import torch
 from tinydit.errors import TinyDiTError
 from tinydit.tokens import BOS, PAD, SPECIALS, UNK, empty_like, holds_phrase, parse_phrases, words
 
-__all__ = ["PAD", "BOS", "UNK", "SPECIALS", "CLASS_TEMPLATE", "words", "Tokenizer", "tokenizer_of", "empty_like",
-           "class_captions", "parse_phrases", "holds_phrase"]  # fmt: skip
+__all__ = [
+    "PAD",
+    "BOS",
+    "UNK",
+    "SPECIALS",
+    "CLASS_TEMPLATE",
+    "words",
+    "Tokenizer",
+    "tokenizer_of",
+    "empty_like",
+    "class_captions",
+    "parse_phrases",
+    "holds_phrase",
+]
 
 CLASS_TEMPLATE = "a photo of a {}"  # captions for data sets that only have class names (CIFAR-10, Fashion-MNIST)
+
 
 def class_captions(labels: Sequence[int], classes: Sequence[str], template: str = CLASS_TEMPLATE) -> list[str]:
     """One caption per label from a template: "a photo of a sneaker"."""
@@ -84,12 +97,17 @@ class Tokenizer:
         out = torch.tensor(rows, dtype=torch.long).reshape(len(rows), self.max_len)  # (N, L)
         if warn and unknown:
             where = "; ".join(f"{w!r} in {c!r}" for w, c in list(unknown.items())[:5])
-            warnings.warn(f"unknown word{'s' if len(unknown) > 1 else ''} {where}{' ...' if len(unknown) > 5 else ''}:"
-                          " not in this model's vocabulary (built from its training captions), read as <unk>",
-                          stacklevel=2)  # fmt: skip
+            warnings.warn(
+                f"unknown word{'s' if len(unknown) > 1 else ''} {where}{' ...' if len(unknown) > 5 else ''}:"
+                " not in this model's vocabulary (built from its training captions), read as <unk>",
+                stacklevel=2,
+            )
         if warn and long:
-            warnings.warn(f"{len(long)} caption(s) longer than this model's {self.max_len - 1} words, e.g. "
-                          f"{long[0]!r}: the words beyond are dropped", stacklevel=2)  # fmt: skip
+            warnings.warn(
+                f"{len(long)} caption(s) longer than this model's {self.max_len - 1} words, e.g. "
+                f"{long[0]!r}: the words beyond are dropped",
+                stacklevel=2,
+            )
         return out
 
     def decode(self, ids: torch.Tensor) -> list[str]:

@@ -24,11 +24,24 @@ from tinydit.data.text import holds_phrase
 from tinydit.flow.generate import generate
 from tinydit.images import to_uint8
 
-__all__ = ["GRID_PROMPTS", "ATTRIBUTES", "shape_accuracy", "GROUPS", "combinations", "prompts_for", "score", "flatten",
-           "markdown_table", "measure", "shape_confusion", "confusion_table"]  # fmt: skip
+__all__ = [
+    "GRID_PROMPTS",
+    "ATTRIBUTES",
+    "shape_accuracy",
+    "GROUPS",
+    "combinations",
+    "prompts_for",
+    "score",
+    "flatten",
+    "markdown_table",
+    "measure",
+    "shape_confusion",
+    "confusion_table",
+]
 
 ATTRIBUTES = ("shape", "color", "background")
 GROUPS = ("seen", "held_out", "all")
+
 
 def combinations(holdout: Sequence[str] = (), which: str = "all") -> list[dict]:
     """The 120 attribute dicts {shape, color, background} in a fixed order (shape fastest, then colour,
@@ -102,8 +115,11 @@ def markdown_table(results: dict[str, dict[str, dict]]) -> str:
         for group in GROUPS:
             if group in result:
                 r = result[group]
-                lines.append(f"| {name} | {group.replace('_', '-')} | {r['n']} | "
-                             + " | ".join(f"{r[k]:.3f}" for k in (*ATTRIBUTES, "all")) + " |")  # fmt: skip
+                lines.append(
+                    f"| {name} | {group.replace('_', '-')} | {r['n']} | "
+                    + " | ".join(f"{r[k]:.3f}" for k in (*ATTRIBUTES, "all"))
+                    + " |"
+                )
     return "\n".join(lines)
 
 

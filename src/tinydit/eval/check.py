@@ -14,8 +14,8 @@ import torch
 
 from tinydit.data.text import tokenizer_of
 from tinydit.errors import TinyDiTError
-from tinydit.eval.evaluate import sample_for_eval
 from tinydit.eval.features import FEATURE_NETS, extract, load_feature_net
+from tinydit.eval.sampling import sample_for_eval
 from tinydit.eval.shape_fit import strict_scores
 from tinydit.flow.records import recorded_sampling, split_sampling
 from tinydit.images import to_uint8
@@ -42,8 +42,9 @@ def check_model(checkpoint, n: int, seed: int = 0, steps: int | None = None) -> 
     are asked every shape x colour x background prompt in turn, as ``tinydit eval`` asks them."""
     model, state = load_model(checkpoint)
     sampler, recorded_steps, cfg_scale, options = split_sampling(recorded_sampling(state))
-    x, labels, info = sample_for_eval(model, state, n, steps or recorded_steps, cfg_scale, seed, sampler=sampler,
-                                      **options)  # fmt: skip
+    x, labels, info = sample_for_eval(
+        model, state, n, steps or recorded_steps, cfg_scale, seed, sampler=sampler, **options
+    )
     if tokenizer_of(state) is None:
         return check_scores(to_uint8(x), labels, state["data"]["name"])
     if state["data"]["name"] != "shapes":

@@ -3,7 +3,7 @@
 Pipeline (``evaluate``):
 
 1. Samples come from a checkpoint (N class-balanced images, generated here with the given steps and
-   guidance; a text model gets prompts, see ``eval_conditions``) or from a file (.npz with ``images``
+   guidance, ``tinydit.eval.sampling``; a text model gets prompts) or from a file (.npz with ``images``
    and optional ``labels``, or a folder of images).
 2. Every image set, samples and reference alike, is converted the same way: to uint8 (N, C, S, S) at
    the data set's evaluation size (floats are taken to be in [-1, 1] and quantised first).
@@ -30,23 +30,25 @@ import numpy as np
 import torch
 
 from tinydit.data.datasets import canonical_name, decode_folder, folder_signature, load_dataset
-from tinydit.data.shapes import RENDER_VERSION, SHAPES, caption
-from tinydit.data.text import class_captions, parse_phrases, tokenizer_of
-from tinydit.distributed import SINGLE, World
+from tinydit.data.shapes import RENDER_VERSION
 from tinydit.errors import TinyDiTError
-from tinydit.eval.adherence import flatten, prompts_for, score, shape_accuracy
 from tinydit.eval.features import FEATURE_NETS, extract, load_feature_net
 from tinydit.eval.inception import InceptionFeatures
 from tinydit.eval.metrics import MIN_SAMPLES, feature_stats, frechet_distance, kid, precision_recall
-from tinydit.eval.shape_fit import strict_scores
 from tinydit.files import torch_save
-from tinydit.flow.distill import warn_if_untrained_settings
-from tinydit.flow.generate import class_cycle, generate, sampler_settings
 from tinydit.images import to_uint8
-from tinydit.models.checkpoint import load_model
 
-__all__ = ["EvalSpec", "eval_spec", "to_eval_images", "reference_images", "reference_features",
-           "evaluate", "eval_conditions", "generate_for_eval", "blur", "add_noise", "DEFAULT_CACHE"]  # fmt: skip
+__all__ = [
+    "EvalSpec",
+    "eval_spec",
+    "to_eval_images",
+    "reference_images",
+    "reference_features",
+    "evaluate",
+    "blur",
+    "add_noise",
+    "DEFAULT_CACHE",
+]
 
 DEFAULT_CACHE = Path.home() / ".cache" / "tinydit"
 
@@ -91,13 +93,17 @@ def to_eval_images(images: np.ndarray | torch.Tensor, data: str | EvalSpec) -> t
         x = x.permute(0, 3, 1, 2)  # (N, H, W, C) -> (N, C, H, W)
     accepted = " or ".join(f"{c}x{s}x{s}" for c, s in spec.accepted)
     if x.dim() != 4 or x.shape[2] != x.shape[3] or (x.shape[1], x.shape[2]) not in spec.accepted:
-        raise TinyDiTError(f"samples of shape {tuple(x.shape)} do not fit this reference: accepted sizes are "
-                           f"{accepted} (channels x height x width), as uint8 [0, 255] or float [-1, 1]")
+        raise TinyDiTError(
+            f"samples of shape {tuple(x.shape)} do not fit this reference: accepted sizes are "
+            f"{accepted} (channels x height x width), as uint8 [0, 255] or float [-1, 1]"
+        )
     if x.is_floating_point():
         if not torch.isfinite(x).all():
             bad = int((~torch.isfinite(x)).flatten(1).any(1).sum())
-            raise TinyDiTError(f"{bad} of the {x.shape[0]} samples hold NaN or infinite values; a sampler that "
-                               "diverged gives no images to score")  # fmt: skip
+            raise TinyDiTError(
+                f"{bad} of the {x.shape[0]} samples hold NaN or infinite values; a sampler that "
+                "diverged gives no images to score"
+            )
         x = to_uint8(x)
     elif x.dtype != torch.uint8:
         raise TinyDiTError(f"samples have dtype {x.dtype}: use uint8 [0, 255] or float [-1, 1]")
@@ -174,43 +180,63 @@ def evaluate(
     spec = eval_spec(data)
     fake = to_eval_images(samples, spec)
     if fake.shape[0] < MIN_SAMPLES:
-        raise TinyDiTError(f"{fake.shape[0]} samples are too few to evaluate; give at least {MIN_SAMPLES} "
-                           "(FID is only comparable at equal N, 10000 is customary)")
+        raise TinyDiTError(
+            f"{fake.shape[0]} samples are too few to evaluate; give at least {MIN_SAMPLES} "
+            "(FID is only comparable at equal N, 10000 is customary)"
+        )
     y = None if labels is None else _checked_labels(labels, len(fake), data, spec, root)  # (N,)
     if spec.feature_net is None and not (inception or inception_weights):
-        raise TinyDiTError(f"no offline feature network for {data}: offline metrics exist for fashion-mnist and "
-                           "shapes; use `inception` (or `inception_weights` PATH) for Inception FID")
+        raise TinyDiTError(
+            f"no offline feature network for {data}: offline metrics exist for fashion-mnist and "
+            "shapes; use `inception` (or `inception_weights` PATH) for Inception FID"
+        )
     out: dict = {}
     nets: dict = {}
     if spec.feature_net is not None:
-        ex = _OfflineExtractor(spec.feature_net)
-        real, ref = reference_features(data, split, ex, cache_dir, root)
-        fake_feats = ex(fake)
-        tag = ex.name
-        gen = torch.Generator().manual_seed(0)  # precision/recall compare equal-sized sets
-        real_pr = real[torch.randperm(len(real), generator=gen)[: len(fake_feats)]]
-        precision, recall = precision_recall(real_pr, fake_feats)
-        kid_mean, kid_std = kid(real, fake_feats, subsets=kid_subsets, subset_size=kid_subset_size)
-        out.update({
-            f"fid_{tag}": frechet_distance(*feature_stats(real), *feature_stats(fake_feats)),
-            f"kid_{tag}_mean": kid_mean,
-            f"kid_{tag}_std": kid_std,
-            f"precision_{tag}": precision,
-            f"recall_{tag}": recall,
-        })  # fmt: skip
-        if y is not None:
-            out[f"class_consistency_{tag}"] = (ex.predictions == y).double().mean().item()
-        out["n_reference"] = int(real.shape[0])
-        nets[tag] = {"sha256": ex.sha256, "test_accuracy": ex.record.get("test_accuracy"), **ref}
+        kid_sizes = (kid_subsets, kid_subset_size)
+        nets[spec.feature_net] = _offline_metrics(fake, y, data, split, spec, cache_dir, root, kid_sizes, out)
     if inception or inception_weights:
         ex = InceptionFeatures(inception_weights)
         real, ref = reference_features(data, split, ex, cache_dir, root)
         out["fid_inception"] = frechet_distance(*feature_stats(real), *feature_stats(ex(fake)))
         out["n_reference"] = int(real.shape[0])
         nets["inception"] = {"sha256": ex.sha256, **ref}
-    out.update(n_samples=int(fake.shape[0]), data=canonical_name(data), split=split, feature_nets=nets,
-               eval_seconds=time.perf_counter() - started)  # fmt: skip
+    out.update(
+        n_samples=int(fake.shape[0]),
+        data=canonical_name(data),
+        split=split,
+        feature_nets=nets,
+        eval_seconds=time.perf_counter() - started,
+    )
     return out
+
+
+def _offline_metrics(
+    fake, y, data: str, split: str, spec, cache_dir, root, kid_sizes: tuple[int, int], out: dict
+) -> dict:
+    """FID, KID, precision/recall and class consistency in the data set's feature network space, added to
+    ``out``; returns the network's record (its hash, accuracy and the reference it was computed on)."""
+    ex = _OfflineExtractor(spec.feature_net)
+    real, ref = reference_features(data, split, ex, cache_dir, root)
+    fake_feats = ex(fake)
+    tag = ex.name
+    gen = torch.Generator().manual_seed(0)  # precision/recall compare equal-sized sets
+    real_pr = real[torch.randperm(len(real), generator=gen)[: len(fake_feats)]]
+    precision, recall = precision_recall(real_pr, fake_feats)
+    kid_mean, kid_std = kid(real, fake_feats, subsets=kid_sizes[0], subset_size=kid_sizes[1])
+    out.update(
+        {
+            f"fid_{tag}": frechet_distance(*feature_stats(real), *feature_stats(fake_feats)),
+            f"kid_{tag}_mean": kid_mean,
+            f"kid_{tag}_std": kid_std,
+            f"precision_{tag}": precision,
+            f"recall_{tag}": recall,
+        }
+    )
+    if y is not None:
+        out[f"class_consistency_{tag}"] = (ex.predictions == y).double().mean().item()
+    out["n_reference"] = int(real.shape[0])
+    return {"sha256": ex.sha256, "test_accuracy": ex.record.get("test_accuracy"), **ref}
 
 
 def _checked_labels(labels, n: int, data: str, spec, root) -> torch.Tensor:
@@ -223,109 +249,11 @@ def _checked_labels(labels, n: int, data: str, spec, root) -> torch.Tensor:
         raise TinyDiTError(f"{y.shape[0]} labels for {n} samples; give one label per sample")
     n_classes = len(load_dataset(data, train=False, root=root, limit=1).classes) if spec.feature_net else None
     if n_classes is not None and (int(y.min()) < 0 or int(y.max()) >= n_classes):
-        raise TinyDiTError(f"labels range over {int(y.min())}..{int(y.max())}, but {data} has classes "
-                           f"0..{n_classes - 1}; give each sample's class id")  # fmt: skip
+        raise TinyDiTError(
+            f"labels range over {int(y.min())}..{int(y.max())}, but {data} has classes "
+            f"0..{n_classes - 1}; give each sample's class id"
+        )
     return y
-
-
-def eval_conditions(state: dict, n: int) -> tuple[torch.Tensor, torch.Tensor, list[dict] | None]:
-    """What n evaluation samples of a checkpoint are conditioned on: y (labels (n,), or caption ids
-    (n, L) for a text model), each sample's class (n,), and for a shapes text model its prompt's
-    attributes (for prompt adherence; else None).
-
-    Text prompts: for shapes every shape x colour x background combination in turn (``tinydit.eval.adherence``),
-    held-out ones included; for CIFAR-10 and Fashion-MNIST the class template ("a photo of a sneaker");
-    for an image folder the folder's name. So the samples stay class-balanced, as for class models.
-    """
-
-    classes, data = state["data"]["classes"], state["data"]["name"]
-    tokenizer = tokenizer_of(state)
-    if tokenizer is None:
-        labels = class_cycle(n, len(classes))
-        return labels, labels, None
-    attrs = None
-    if data == "shapes":
-        attrs = prompts_for(n)
-        captions = [caption(a) for a in attrs]
-        labels = torch.tensor([SHAPES.index(a["shape"]) for a in attrs])
-    else:
-        labels = class_cycle(n, len(classes))
-        if data in ("cifar10", "fashion-mnist"):
-            captions = class_captions(labels.tolist(), classes)
-        else:  # an image folder: the caption of images without a sidecar file (tinydit.data.datasets.folder_caption)
-            captions = [Path(classes[i]).name or Path(data).name for i in labels.tolist()]
-    return tokenizer.encode(captions, warn=False), labels, attrs
-
-
-def generate_for_eval(
-    checkpoint: str | Path | dict,
-    n: int,
-    steps: int,
-    cfg_scale: float,
-    seed: int,
-    device: torch.device,
-    data: str | None,
-    *,
-    sampler: str = "euler",
-    progress: bool = False,
-    world: World = SINGLE,
-    **options,
-) -> tuple[torch.Tensor, torch.Tensor, str, list[str], dict]:
-    """n class-balanced samples from a checkpoint: images, labels, data set, classes, sampler info.
-
-    Generation runs in fp32 on every device (unlike ``tinydit sample``'s bf16 default where that is
-    faster), so scores compare across machines.
-
-    ``sampler`` and ``options`` (grid, shift, cfg_interval; rtol, atol) go to ``tinydit.flow.samplers.generate``;
-    the info records them in full, defaults included. For a text model trained on shapes the info also
-    holds the prompt-adherence scores of the samples (``adherence_*``, ``tinydit.eval.adherence``).
-    """
-
-    settings = sampler_settings(sampler, steps, cfg_scale, **options)  # checks them before any work
-    if n < 1:
-        raise TinyDiTError(f"`n` must be >= 1, got {n}")
-    model, state = load_model(checkpoint, map_location=device)
-    warn_if_untrained_settings(state, sampler, steps, cfg_scale, options.get("grid") or "uniform")
-    trained_on = state["data"]["name"]
-    if data is not None and canonical_name(data) != trained_on:
-        where = "the checkpoint" if isinstance(checkpoint, dict) else checkpoint
-        raise TinyDiTError(f"{where} was trained on {trained_on}, not {data}; drop `data`")
-    eval_spec(trained_on)
-    x, labels, info = sample_for_eval(model, state, n, steps, cfg_scale, seed, sampler=sampler, progress=progress,
-                                      world=world, **options)  # fmt: skip
-    return x, labels, trained_on, state["data"]["classes"], {**info, "sampler": {**settings, "seed": seed}}
-
-
-def sample_for_eval(model, state: dict, n: int, steps: int, cfg_scale: float, seed: int, *, sampler: str = "euler",
-                    progress: bool = False, world: World = SINGLE,
-                    **options) -> tuple[torch.Tensor, torch.Tensor, dict]:  # fmt: skip
-    """n class-balanced samples of ``model`` (``state``: its checkpoint dict, or one with the same
-    ``data``, ``tokenizer`` and ``train_config``): images, labels and info (model evaluations per image,
-    seconds; for a shapes text model the prompt-adherence scores, ``adherence_*``)."""
-    y, labels, attrs = eval_conditions(state, n)
-    started = time.perf_counter()
-    res = generate(model, y, steps=steps, cfg_scale=cfg_scale, seed=seed, sampler=sampler, progress=progress,
-                   world=world, **options)  # fmt: skip
-    info = {"nfe_per_image": res.nfe, "generation_seconds": time.perf_counter() - started}
-    if attrs is not None:
-        holdout = parse_phrases(state["train_config"].get("holdout") or "")
-        info.update(flatten(score(res.x, attrs, holdout)), adherence_holdout=",".join(holdout) or "none")
-    if state["data"]["name"] == "shapes":  # class or text: is the shape its label or prompt asked for drawn?
-        # The strict judge (a clean shape of the asked kind fits; tinydit.eval.shape_fit) is the quality
-        # figure; read_shape's lenient reading stays beside it as a diagnostic.
-        info.update({f"shape_{k}": v for k, v in strict_scores(res.x, labels).items()})
-        if attrs is None:  # a text model's lenient reading is its adherence_shape_*
-            info["shape_accuracy"] = shape_accuracy(res.x, labels)
-    return res.x, labels, info
-
-
-def score_model(model, state: dict, n: int, steps: int, cfg_scale: float, seed: int = 0, root: str | Path = "data",
-                cache_dir: str | Path | None = DEFAULT_CACHE, **options) -> dict:  # fmt: skip
-    """``sample_for_eval``'s samples scored with the offline metrics against the test split: one flat dict
-    of numbers (what evaluation during training logs)."""
-    x, labels, info = sample_for_eval(model, state, n, steps, cfg_scale, seed, **options)
-    metrics = evaluate(x.float(), labels, state["data"]["name"], root=root, cache_dir=cache_dir)
-    return {k: v for k, v in {**metrics, **info}.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def default_best_metric(data: str, text: bool) -> tuple[str, bool]:

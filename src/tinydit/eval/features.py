@@ -22,8 +22,7 @@ from tinydit.data.cache import random_flip
 from tinydit.errors import TinyDiTError
 from tinydit.images import from_uint8
 
-__all__ = ["FeatureNet", "ASSETS", "FEATURE_NETS", "load_feature_net", "file_sha256",
-           "train_feature_net", "extract"]  # fmt: skip
+__all__ = ["FeatureNet", "ASSETS", "FEATURE_NETS", "load_feature_net", "file_sha256", "train_feature_net", "extract"]
 
 ASSETS = Path(__file__).parent.parent / "assets"
 FEATURE_NETS = {"fashion-mnist": "fmnist_cnn", "shapes": "shapes_cnn"}  # data set -> feature net name
@@ -44,10 +43,15 @@ class FeatureNet(nn.Module):
             return [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True)]
 
         self.body = nn.Sequential(
-            *conv(in_channels, w), nn.MaxPool2d(2),  # (N, w, S/2, S/2)
-            *conv(w, 2 * w), *conv(2 * w, 2 * w), nn.MaxPool2d(2),  # (N, 2w, S/4, S/4)
-            *conv(2 * w, 4 * w), nn.AdaptiveAvgPool2d(1), nn.Flatten(),  # (N, 4w)
-        )  # fmt: skip
+            *conv(in_channels, w),
+            nn.MaxPool2d(2),  # (N, w, S/2, S/2)
+            *conv(w, 2 * w),
+            *conv(2 * w, 2 * w),
+            nn.MaxPool2d(2),  # (N, 2w, S/4, S/4)
+            *conv(2 * w, 4 * w),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),  # (N, 4w)
+        )
         self.head = nn.Linear(4 * w, n_classes)
         self.feature_dim = 4 * w
 
@@ -76,17 +80,27 @@ def load_feature_net(name: str, path: str | Path | None = None) -> tuple[Feature
     record = dict(_manifest().get(name, {}))
     file = Path(path) if path is not None else ASSETS / record.get("file", f"{name}.pt")
     if not file.is_file():
-        raise TinyDiTError(f"feature network {name} is missing ({file}); reinstall tinydit or retrain it with "
-                           f"scripts/train_feature_net.py")
+        raise TinyDiTError(
+            f"feature network {name} is missing ({file}); reinstall tinydit or retrain it with "
+            f"scripts/train_feature_net.py"
+        )
     digest = file_sha256(file)
     if path is None and record.get("sha256") not in (None, digest):
-        raise TinyDiTError(f"{file} does not match its recorded SHA-256 in assets/feature_nets.json: the file is "
-                           "damaged or was replaced; reinstall tinydit")
+        raise TinyDiTError(
+            f"{file} does not match its recorded SHA-256 in assets/feature_nets.json: the file is "
+            "damaged or was replaced; reinstall tinydit"
+        )
     state = torch.load(file, map_location="cpu", weights_only=True)
     net = FeatureNet(state["in_channels"], state["n_classes"], state.get("width", 32))
     net.load_state_dict(state["model"])
-    record.update(name=name, file=str(file), sha256=digest, in_channels=state["in_channels"],
-                  img_size=state["img_size"], n_classes=state["n_classes"])  # fmt: skip
+    record.update(
+        name=name,
+        file=str(file),
+        sha256=digest,
+        in_channels=state["in_channels"],
+        img_size=state["img_size"],
+        n_classes=state["n_classes"],
+    )
     return net.eval(), record
 
 

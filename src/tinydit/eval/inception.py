@@ -28,8 +28,10 @@ class InceptionFeatures:
         try:
             from torchmetrics.image.fid import NoTrainInceptionV3
         except ImportError as err:
-            raise TinyDiTError("Inception FID needs torchmetrics and torch-fidelity: "
-                               "pip install 'tinydit[inception]'; the offline metrics need neither") from err
+            raise TinyDiTError(
+                "Inception FID needs torchmetrics and torch-fidelity: "
+                "pip install 'tinydit[inception]'; the offline metrics need neither"
+            ) from err
         self.batch_size = batch_size
         self.name = "inception"
         if weights is not None:
@@ -39,14 +41,19 @@ class InceptionFeatures:
             try:  # torch-fidelity unpickles the file in full; only let plain tensors through
                 torch.load(weights, map_location="cpu", weights_only=True)
             except Exception as err:
-                raise TinyDiTError(f"`inception_weights` {weights} is not a plain state dict of weights "
-                                   f"({type(err).__name__}); pass pt_inception-2015-12-05-6726825d.pth") from err
+                raise TinyDiTError(
+                    f"`inception_weights` {weights} is not a plain state dict of weights "
+                    f"({type(err).__name__}); pass pt_inception-2015-12-05-6726825d.pth"
+                ) from err
             self.sha256 = file_sha256(weights)
         else:
             self.sha256 = DOWNLOAD_NAME
         try:
-            self.net = NoTrainInceptionV3(name="inception-v3-compat", features_list=["2048"],
-                                          feature_extractor_weights_path=str(weights) if weights else None)
+            self.net = NoTrainInceptionV3(
+                name="inception-v3-compat",
+                features_list=["2048"],
+                feature_extractor_weights_path=str(weights) if weights else None,
+            )
         except Exception as err:  # URLError / OSError when offline, RuntimeError for a wrong file
             raise TinyDiTError(
                 f"the Inception weights could not be {'loaded' if weights else 'downloaded'} "

@@ -84,11 +84,15 @@ def kid(
     real, fake = _check(real, "real"), _check(fake, "generated")
     size = min(subset_size, real.shape[0], fake.shape[0])
     gen = torch.Generator().manual_seed(seed)
-    values = torch.stack([
-        _mmd2_unbiased(real[torch.randperm(real.shape[0], generator=gen)[:size]],
-                       fake[torch.randperm(fake.shape[0], generator=gen)[:size]])
-        for _ in range(subsets)
-    ])  # fmt: skip
+    values = torch.stack(
+        [
+            _mmd2_unbiased(
+                real[torch.randperm(real.shape[0], generator=gen)[:size]],
+                fake[torch.randperm(fake.shape[0], generator=gen)[:size]],
+            )
+            for _ in range(subsets)
+        ]
+    )
     return values.mean().item(), values.std().item()
 
 

@@ -39,8 +39,9 @@ def line_plot(
     ax = fig.add_subplot()
     ys_all = []
     for i, (label, xs, ys) in enumerate(series):
-        pts = sorted((x, y) for x, y in zip(xs, ys, strict=True)
-                     if math.isfinite(x) and math.isfinite(y) and (x > 0 or not logx))  # fmt: skip
+        pts = sorted(
+            (x, y) for x, y in zip(xs, ys, strict=True) if math.isfinite(x) and math.isfinite(y) and (x > 0 or not logx)
+        )
         ys_all += [y for _, y in pts]
         marker = markers[i] if markers else MARKERS[i % len(MARKERS)]
         ax.plot([x for x, _ in pts], [y for _, y in pts], marker=marker, linewidth=2, markersize=6, label=label)

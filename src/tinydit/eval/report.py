@@ -37,10 +37,23 @@ def write_report(
     """Write metrics.json and report.md into ``out_dir``; ``images`` are the uint8 evaluation images."""
     out_dir.mkdir(parents=True, exist_ok=True)
     write_text(out_dir / "metrics.json", json.dumps({**metrics, "command": command}, indent=2) + "\n")
-    rows = [f"| {k} | {v:.5g} |" if isinstance(v, float) else f"| {k} | {v} |"
-            for k, v in metrics.items() if not isinstance(v, dict)]  # fmt: skip
-    lines = [f"# TinyDiT evaluation: {metrics['data']} ({metrics['split']} split)", "", "```", command, "```", "",
-             "| metric | value |", "|---|---|", *rows, ""]  # fmt: skip
+    rows = [
+        f"| {k} | {v:.5g} |" if isinstance(v, float) else f"| {k} | {v} |"
+        for k, v in metrics.items()
+        if not isinstance(v, dict)
+    ]
+    lines = [
+        f"# TinyDiT evaluation: {metrics['data']} ({metrics['split']} split)",
+        "",
+        "```",
+        command,
+        "```",
+        "",
+        "| metric | value |",
+        "|---|---|",
+        *rows,
+        "",
+    ]
     if isinstance(metrics.get("sampler"), dict):
         settings = ", ".join(f"{k} {v}" for k, v in metrics["sampler"].items() if v is not None)
         lines += [f"- sampler: {settings}"]

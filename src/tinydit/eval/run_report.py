@@ -92,8 +92,12 @@ def _loss_by_t_plot(records: list[dict]) -> str | None:
         centres = [(k + 0.5) / len(by_t) for k in range(len(by_t))]
         shade = 0.25 + 0.75 * (i + 1) / len(rows)
         ax.plot(centres, by_t, marker="o", markersize=3, color=(0.12, 0.47, 0.71, shade), label=f"step {r['step']}")
-    ax.set(xlabel="t (0 = data, 1 = noise)", ylabel="validation loss (EMA)", yscale="log",
-           title="Where along the path the model errs")  # fmt: skip
+    ax.set(
+        xlabel="t (0 = data, 1 = noise)",
+        ylabel="validation loss (EMA)",
+        yscale="log",
+        title="Where along the path the model errs",
+    )
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, ncols=2)
     return _png(fig)
@@ -118,8 +122,15 @@ def _eval_plot(records: list[dict], best_metric: str | None) -> str | None:
         if name == best_metric:
             best = [r for r in records if r.get("eval_best")]
             if best:
-                ax.plot([best[-1]["step"]], [best[-1][key]], marker="*", markersize=14, color="tab:red",
-                        label="best.pt", linestyle="none")  # fmt: skip
+                ax.plot(
+                    [best[-1]["step"]],
+                    [best[-1][key]],
+                    marker="*",
+                    markersize=14,
+                    color="tab:red",
+                    label="best.pt",
+                    linestyle="none",
+                )
                 ax.legend(fontsize=8)
         ax.set(title=name, xlabel="step")
         ax.grid(True, alpha=0.3)
@@ -171,8 +182,11 @@ def _strip(run_dir: Path) -> str:
     grids = sorted((run_dir / "samples").glob("step_*.png"))
     if len(grids) > STRIP_MAX:
         grids = [grids[round(i * (len(grids) - 1) / (STRIP_MAX - 1))] for i in range(STRIP_MAX)]
-    items = "".join(f'<figure><img src="{_file_uri(p)}" alt="samples at step {int(p.stem[5:])}">'
-                    f"<figcaption>step {int(p.stem[5:])}</figcaption></figure>" for p in grids)  # fmt: skip
+    items = "".join(
+        f'<figure><img src="{_file_uri(p)}" alt="samples at step {int(p.stem[5:])}">'
+        f"<figcaption>step {int(p.stem[5:])}</figcaption></figure>"
+        for p in grids
+    )
     return f'<div class="strip">{items}</div>' if items else "<p>No sample grids yet.</p>"
 
 
@@ -203,6 +217,27 @@ img.plot { max-width: 100%; }
 """
 
 
+def _summary(config: dict, records: list[dict], best_metric: str | None) -> list[tuple]:
+    """The report's first table: what ran, how long, on what, and the step best.pt holds."""
+    train, data = config.get("train", {}), config.get("data", {})
+    steps = [r["step"] for r in records if "loss" in r]
+    last = next((r for r in reversed(records) if "train_seconds" in r), {})
+    best = next((r for r in reversed(records) if r.get("eval_best")), None)
+    summary = [
+        ("data", data.get("name")),
+        ("model", f"{config.get('model_type')} {train.get('preset')}"),
+        ("parameters", f"{config.get('params', 0):,}"),
+        ("steps", steps[-1] if steps else 0),
+        ("training time", f"{last.get('train_seconds', 0) / 60:.1f} min"),
+        ("device, precision", f"{config.get('device')}, {config.get('precision')}"),
+        ("kernels", config.get("kernels")),
+        ("torch, tinydit", f"{config.get('torch_version')}, {config.get('tinydit_version')}"),
+    ]
+    if best is not None:
+        summary.append(("best.pt", f"step {best['step']}: {best_metric} {_fmt(best.get('eval/' + str(best_metric)))}"))
+    return summary
+
+
 def write_run_report(run_dir: str | Path) -> Path:
     """Write ``run_dir``/report.html from what the run wrote; returns its path."""
     run_dir = Path(run_dir)
@@ -213,40 +248,45 @@ def write_run_report(run_dir: str | Path) -> Path:
     records = read_metrics(run_dir)
     train, data = config.get("train", {}), config.get("data", {})
     text = config.get("text")
-    steps = [r["step"] for r in records if "loss" in r]
-    last = next((r for r in reversed(records) if "train_seconds" in r), {})
-    best = next((r for r in reversed(records) if r.get("eval_best")), None)
     best_metric = next((r["best_metric"] for r in reversed(records) if "best_metric" in r), None)
-    summary = [("data", data.get("name")), ("model", f"{config.get('model_type')} {train.get('preset')}"),
-               ("parameters", f"{config.get('params', 0):,}"), ("steps", steps[-1] if steps else 0),
-               ("training time", f"{last.get('train_seconds', 0) / 60:.1f} min"),
-               ("device, precision", f"{config.get('device')}, {config.get('precision')}"),
-               ("kernels", config.get("kernels")), ("torch, tinydit", f"{config.get('torch_version')}, "
-                                                               f"{config.get('tinydit_version')}")]  # fmt: skip
-    if best is not None:
-        summary.append(("best.pt", f"step {best['step']}: {best_metric} {_fmt(best.get('eval/' + str(best_metric)))}"))
-    sections = [f"<h1>TinyDiT run: {html.escape(run_dir.name)}</h1>",
-                f"<p class='muted'>{html.escape(str(run_dir.resolve()))}</p>", _table(summary)]  # fmt: skip
+    summary = _summary(config, records, best_metric)
+    sections = [
+        f"<h1>TinyDiT run: {html.escape(run_dir.name)}</h1>",
+        f"<p class='muted'>{html.escape(str(run_dir.resolve()))}</p>",
+        _table(summary),
+    ]
     final = run_dir / "samples.png"
     if final.is_file():
         columns = None if text else data.get("classes")
         rows = text.get("grid_prompts") if text else None
         tile = int(config.get("model", {}).get("img_size", 32))
-        sections += ["<h2>Samples at the end</h2>",
-                     f'<img class="plot" src="{_final_grid(final, columns, rows, tile)}" alt="final samples">']
-    for title, uri in (("Loss", _loss_plot(records)), ("Loss by t", _loss_by_t_plot(records)),
-                       ("Evaluation during training", _eval_plot(records, best_metric))):  # fmt: skip
+        sections += [
+            "<h2>Samples at the end</h2>",
+            f'<img class="plot" src="{_final_grid(final, columns, rows, tile)}" alt="final samples">',
+        ]
+    for title, uri in (
+        ("Loss", _loss_plot(records)),
+        ("Loss by t", _loss_by_t_plot(records)),
+        ("Evaluation during training", _eval_plot(records, best_metric)),
+    ):
         if uri is not None:
             sections += [f"<h2>{title}</h2>", f'<img class="plot" src="{uri}" alt="{title}">']
     sections += ["<h2>Samples over training</h2>", _strip(run_dir)]
     evaluations = _evaluations(run_dir)
     if evaluations:
         sections += ["<h2>tinydit eval</h2>", evaluations]
-    sections += ["<h2>Configuration</h2>", "<h3>training</h3>", _table(sorted(train.items())),
-                 "<h3>model</h3>", _table(sorted(config.get("model", {}).items()))]  # fmt: skip
+    sections += [
+        "<h2>Configuration</h2>",
+        "<h3>training</h3>",
+        _table(sorted(train.items())),
+        "<h3>model</h3>",
+        _table(sorted(config.get("model", {}).items())),
+    ]
     title = f"TinyDiT run {html.escape(run_dir.name)}"
-    page = (f"<!doctype html>\n<html lang='en'><head><meta charset='utf-8'><title>{title}</title><style>{STYLE}"
-            "</style></head><body>\n" + "\n".join(sections) + "\n</body></html>\n")  # fmt: skip
+    page = (
+        f"<!doctype html>\n<html lang='en'><head><meta charset='utf-8'><title>{title}</title><style>{STYLE}"
+        "</style></head><body>\n" + "\n".join(sections) + "\n</body></html>\n"
+    )
     path = run_dir / "report.html"
     write_text(path, page)
     return path

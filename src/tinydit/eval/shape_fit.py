@@ -31,8 +31,19 @@ import torch
 from tinydit.data.shapes import _PALETTE, SHAPES, shape_coverage
 from tinydit.images import to_uint8
 
-__all__ = ["FG_DISTANCE", "MIN_IOU", "MIN_ONE_COLOUR", "COLOUR_TOL", "ShapeFit", "foreground", "one_colour",
-           "fit_shapes", "strict_pass", "on_palette", "strict_scores"]  # fmt: skip
+__all__ = [
+    "FG_DISTANCE",
+    "MIN_IOU",
+    "MIN_ONE_COLOUR",
+    "COLOUR_TOL",
+    "ShapeFit",
+    "foreground",
+    "one_colour",
+    "fit_shapes",
+    "strict_pass",
+    "on_palette",
+    "strict_scores",
+]
 
 FG_DISTANCE = 90.0  # palette colours are >= 190 apart; pixel noise of std 25/255 moves a pixel by ~43
 MIN_IOU = 0.8  # clean renders fit at >= 0.85 for every kind and size; a "Y" or a speckled cross does not
@@ -128,8 +139,9 @@ def _template_bank(canvas: int = _CANVAS) -> tuple[np.ndarray, np.ndarray, np.nd
     for kind in range(len(SHAPES)):
         for size in SIZES_PX:
             centre = SUPERSAMPLE * canvas / 2 + pad  # the canvas centre on the fine grid, margin included
-            fine = shape_coverage(kind, np.array([SUPERSAMPLE * size]), np.array([centre]), np.array([centre]),
-                                  side, supersample=1)[0]  # (side, side) 0/1: one sample per fine pixel
+            fine = shape_coverage(
+                kind, np.array([SUPERSAMPLE * size]), np.array([centre]), np.array([centre]), side, supersample=1
+            )[0]  # (side, side) 0/1: one sample per fine pixel
             pairs = fine.reshape(side // 2, 2, side // 2, 2).sum((1, 3))  # 2 x 2 sample blocks
             quads = pairs[:-1, :-1] + pairs[1:, :-1] + pairs[:-1, 1:] + pairs[1:, 1:]  # 4 x 4 samples from each
             cover = quads[rows[:, None, :, None], rows[None, :, None, :]]  # (O, O, canvas, canvas) cy, cx major

@@ -17,6 +17,7 @@ in ``sweep.json`` for the same checkpoint (and step) and settings are kept, not 
 from __future__ import annotations
 
 import csv
+import datetime
 import io
 import json
 import math
@@ -27,21 +28,34 @@ from pathlib import Path
 import torch
 
 from tinydit.errors import TinyDiTError
-from tinydit.eval.evaluate import DEFAULT_CACHE, eval_conditions, eval_spec, evaluate
+from tinydit.eval.evaluate import DEFAULT_CACHE, eval_spec, evaluate
 from tinydit.eval.metrics import MIN_SAMPLES
 from tinydit.eval.plot import MARKERS, line_plot
+from tinydit.eval.sampling import eval_conditions
 from tinydit.files import ensure_writable_dir, write_text
 from tinydit.flow.generate import generate, sampler_settings
+from tinydit.flow.records import SAMPLING_DEFAULT
 from tinydit.flow.samplers import SAMPLER_NAMES
 from tinydit.models.checkpoint import load_model
 from tinydit.progress import Progress
 
-__all__ = ["sweep_points", "run_sweep", "write_sweep", "DOPRI5_FIRST_STEPS"]
+__all__ = ["sweep_points", "run_sweep", "write_sweep", "sweep_rows", "best_setting", "DOPRI5_FIRST_STEPS"]
 
 DOPRI5_FIRST_STEPS = 16  # dopri5's first trial step is 1/16; it adapts from there
 # the table's columns; {net} stands for the feature network's name, as in `tinydit eval`'s metrics
-COLUMNS = ("sampler", "steps", "tol", "cfg", "nfe", "fid_{net}", "kid_{net}_mean", "precision_{net}", "recall_{net}",
-           "class_consistency_{net}", "sample_seconds")  # fmt: skip
+COLUMNS = (
+    "sampler",
+    "steps",
+    "tol",
+    "cfg",
+    "nfe",
+    "fid_{net}",
+    "kid_{net}_mean",
+    "precision_{net}",
+    "recall_{net}",
+    "class_consistency_{net}",
+    "sample_seconds",
+)
 
 
 def sweep_points(samplers: list[str], steps: list[int], cfgs: list[float], tols: list[float]) -> list[dict]:
@@ -63,8 +77,7 @@ def sweep_points(samplers: list[str], steps: list[int], cfgs: list[float], tols:
 def _sampler_kwargs(point: dict, options: dict) -> dict:
     """The keywords of ``generate`` for one combination."""
     steps = DOPRI5_FIRST_STEPS if point["steps"] is None else point["steps"]  # 0 is refused, not replaced
-    kwargs = {"steps": steps, "cfg_scale": point["cfg"], "sampler": point["sampler"],
-              **options}  # fmt: skip
+    kwargs = {"steps": steps, "cfg_scale": point["cfg"], "sampler": point["sampler"], **options}
     if point["tol"] is not None:
         kwargs.update(rtol=point["tol"], atol=point["tol"])
     return kwargs
@@ -105,12 +118,14 @@ def run_sweep(
     model, state = load_model(checkpoint, ema=ema, map_location=device)
     data = state["data"]["name"]
     if eval_spec(data).feature_net is None:
-        raise TinyDiTError(f"{checkpoint} was trained on {data}, which has no offline feature network; "
-                           "tinydit sweep scores with the offline metrics (fashion-mnist and shapes)")  # fmt: skip
+        raise TinyDiTError(
+            f"{checkpoint} was trained on {data}, which has no offline feature network; "
+            "tinydit sweep scores with the offline metrics (fashion-mnist and shapes)"
+        )
     ensure_writable_dir(out)  # only once the inputs are known good
-    settings = {"checkpoint": str(Path(checkpoint).resolve()), "checkpoint_step": state.get("step"), "ema": ema,
-                "data": data, "split": split, "n": n, "seed": seed, "grid": grid, "shift": shift,
-                "cfg_interval": list(cfg_interval) if cfg_interval is not None else None}  # fmt: skip
+    settings = {"checkpoint": str(Path(checkpoint).resolve()), "checkpoint_step": state.get("step"), "ema": ema}
+    settings |= {"data": data, "split": split, "n": n, "seed": seed, **options}
+    settings["cfg_interval"] = list(cfg_interval) if cfg_interval is not None else None  # as JSON reads it back
     done = _previous_rows(out / "sweep.json", settings)
     reused = sum(json.dumps(p, sort_keys=True) in done for p in points)
     if reused:
@@ -134,16 +149,23 @@ def run_sweep(
     return rows
 
 
-def _score_point(model, y, labels, point: dict, kwargs: dict, seed: int, batch_size: int, data: str, split: str,
-                 root, cache_dir) -> dict:  # fmt: skip
+def _score_point(
+    model, y, labels, point: dict, kwargs: dict, seed: int, batch_size: int, data: str, split: str, root, cache_dir
+) -> dict:
     """One row of the sweep: ``point``'s samples (the sampler's ``kwargs``) scored with the offline metrics."""
     started = time.perf_counter()
     res = generate(model, y, seed=seed, batch_size=batch_size, **kwargs)
     seconds = time.perf_counter() - started
     metrics = evaluate(res.x, labels, data, split=split, root=root, cache_dir=cache_dir)
     scores = {k: v for k, v in metrics.items() if not isinstance(v, dict)}
-    return {**point, "nfe": res.nfe, **scores, "sample_seconds": seconds,
-            "feature_net": next(iter(metrics["feature_nets"])), "sampler_settings": _settings_of(kwargs)}
+    return {
+        **point,
+        "nfe": res.nfe,
+        **scores,
+        "sample_seconds": seconds,
+        "feature_net": next(iter(metrics["feature_nets"])),
+        "sampler_settings": _settings_of(kwargs),
+    }
 
 
 def _checked_points(points: list[dict], options: dict, n: int, batch_size: int) -> list[dict]:
@@ -153,8 +175,10 @@ def _checked_points(points: list[dict], options: dict, n: int, batch_size: int) 
     if batch_size < 1:
         raise TinyDiTError(f"`batch_size` must be >= 1, got {batch_size}")
     if n < MIN_SAMPLES:
-        raise TinyDiTError(f"`n` {n} is too few samples to score; give at least {MIN_SAMPLES} (1000 or more "
-                           "for FIDs that differ by more than their noise)")  # fmt: skip
+        raise TinyDiTError(
+            f"`n` {n} is too few samples to score; give at least {MIN_SAMPLES} (1000 or more "
+            "for FIDs that differ by more than their noise)"
+        )
     return points
 
 
@@ -166,8 +190,10 @@ def _previous_rows(path: Path, settings: dict) -> dict[str, dict]:
         return {}
     if old.get("settings") != settings:
         return {}
-    return {json.dumps({k: r[k] for k in ("sampler", "steps", "tol", "cfg")}, sort_keys=True): r
-            for r in old.get("rows", [])}  # fmt: skip
+    return {
+        json.dumps({k: r[k] for k in ("sampler", "steps", "tol", "cfg")}, sort_keys=True): r
+        for r in old.get("rows", [])
+    }
 
 
 def _cell(v) -> str:
@@ -182,19 +208,29 @@ def write_sweep(out: Path, settings: dict, rows: list[dict], command: str | None
     """sweep.json, sweep.csv, sweep.md and sweep.png from the rows so far."""
     net = rows[0]["feature_net"] if rows else eval_spec(settings["data"]).feature_net
     columns, fid = [c.format(net=net) for c in COLUMNS], f"fid_{net}"
-    write_text(out / "sweep.json", json.dumps({"settings": settings, "command": command, "rows": rows},
-                                                indent=2) + "\n")  # fmt: skip
+    write_text(
+        out / "sweep.json", json.dumps({"settings": settings, "command": command, "rows": rows}, indent=2) + "\n"
+    )
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(columns)
     writer.writerows([["" if r.get(c) is None else r.get(c) for c in columns] for r in rows])
     write_text(out / "sweep.csv", buf.getvalue())
     shown = ", ".join(f"{k} {v}" for k, v in settings.items() if v is not None)
-    lines = ["# TinyDiT sampler sweep", "", *(["```", command, "```", ""] if command else []), shown, "",
-             "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
-             *("| " + " | ".join(_cell(r.get(c)) for c in columns) + " |" for r in rows), "",
-             "nfe: model evaluations per image (a guided velocity costs 2); tol: dopri5's rtol = atol.", "",
-             f"![{fid} against nfe](sweep.png)"]  # fmt: skip
+    lines = [
+        "# TinyDiT sampler sweep",
+        "",
+        *(["```", command, "```", ""] if command else []),
+        shown,
+        "",
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
+        *("| " + " | ".join(_cell(r.get(c)) for c in columns) + " |" for r in rows),
+        "",
+        "nfe: model evaluations per image (a guided velocity costs 2); tol: dopri5's rtol = atol.",
+        "",
+        f"![{fid} against nfe](sweep.png)",
+    ]
     write_text(out / "sweep.md", "\n".join(lines) + "\n")
     series, markers = [], []
     for name in dict.fromkeys(r["sampler"] for r in rows):
@@ -203,6 +239,47 @@ def write_sweep(out: Path, settings: dict, rows: list[dict], command: str | None
             sel = sorted((r for r in rows if r["sampler"] == name and r["cfg"] == cfg), key=lambda r: r["nfe"])
             series.append((f"{name}, cfg {cfg:g}", [r["nfe"] for r in sel], [r[fid] for r in sel]))
             markers.append(MARKERS[SAMPLER_NAMES.index(name) % len(MARKERS)])
-    line_plot(series, out / "sweep.png", markers=markers, xlabel="model evaluations per image", ylabel=fid,
-              title=f"{settings['data']} ({settings['split']} split), n = {settings['n']}: "
-                    f"{fid} against model evaluations")  # fmt: skip
+    line_plot(
+        series,
+        out / "sweep.png",
+        markers=markers,
+        xlabel="model evaluations per image",
+        ylabel=fid,
+        title=f"{settings['data']} ({settings['split']} split), n = {settings['n']}: {fid} against model evaluations",
+    )
+
+
+def sweep_rows(out: str | Path) -> list[dict]:
+    """The rows a sweep wrote into ``out`` (sweep.json)."""
+    return json.loads((Path(out) / "sweep.json").read_text())["rows"]
+
+
+def best_setting(rows: list[dict], max_nfe: float, n: int, seed: int) -> dict:
+    """The sweep row with the lowest FID within ``max_nfe`` model evaluations per image, as a record."""
+    within = [r for r in rows if r["nfe"] <= max_nfe]
+    if not within:
+        raise TinyDiTError(
+            f"no swept setting takes at most {max_nfe:g} evaluations per image (the fewest took "
+            f"{min(r['nfe'] for r in rows):g}); raise `max_nfe` or sweep fewer steps"
+        )
+    fid = f"fid_{within[0]['feature_net']}"
+    best = min(within, key=lambda r: r[fid])
+    s = best["sampler_settings"]
+    record = {
+        **SAMPLING_DEFAULT,
+        "sampler": s["name"],
+        "steps": s["steps"],
+        "cfg_scale": s["cfg"],
+        "grid": s["grid"],
+        "shift": s.get("shift"),
+        "cfg_interval": s.get("cfg_interval"),
+        "eta": s.get("eta"),
+        "rtol": s.get("rtol"),
+        "atol": s.get("atol"),
+    }
+    record["source"] = (
+        f"tinydit sweep --apply, {datetime.date.today().isoformat()}: {fid} {best[fid]:.4g} with "
+        f"{best['nfe']:g} evaluations per image ({n} samples, seed {seed}), the best of {len(within)} "
+        f"settings within {max_nfe:g}"
+    )
+    return record

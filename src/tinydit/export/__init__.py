@@ -63,17 +63,27 @@ def metadata(state: dict, model: nn.Module) -> dict:
     c, tok = model.config, tokenizer_of(state)
     train = state.get("train_config", {})
     return {
-        "format": "tinydit-export", "version": 1,
+        "format": "tinydit-export",
+        "version": 1,
         "image": {"channels": c.in_channels, "size": c.img_size},
-        "cond": c.cond, "classes": state["data"]["classes"], "n_classes": c.n_classes,
+        "cond": c.cond,
+        "classes": state["data"]["classes"],
+        "n_classes": c.n_classes,
         "tokenizer": tok.to_dict() if tok is not None else None,
-        "prompts": state["data"].get("prompts"), "shortcut": bool(c.shortcut),
+        "prompts": state["data"].get("prompts"),
+        "shortcut": bool(c.shortcut),
         "time": "t = 0 is data, t = 1 is Gaussian noise; x_t = (1 - t) x0 + t noise; the model returns v = dx/dt",
         "null": "the label n_classes" if c.cond == "class" else "the empty caption: BOS (1), then PAD (0)",
-        "sampler": state.get("sampling") or {"sampler": "euler", "steps": train.get("sample_steps", 32),
-                                             "cfg_scale": train.get("sample_cfg", 2.0), "cfg_interval": None},
-        "data": state["data"]["name"], "step": state.get("step"),
-    }  # fmt: skip
+        "sampler": state.get("sampling")
+        or {
+            "sampler": "euler",
+            "steps": train.get("sample_steps", 32),
+            "cfg_scale": train.get("sample_cfg", 2.0),
+            "cfg_interval": None,
+        },
+        "data": state["data"]["name"],
+        "step": state.get("step"),
+    }
 
 
 def _example(model: nn.Module, n: int = 2):
@@ -95,8 +105,15 @@ def _onnx(model: nn.Module, meta: dict, path: Path) -> Path:
     names = ["x", "t", "y", "d"][: len(args)]
     with warnings.catch_warnings():  # the exporter reports its own progress as warnings
         warnings.simplefilter("ignore")
-        program = torch.onnx.export(_Velocity(model), args, dynamo=True, input_names=names, output_names=["v"],
-                                    dynamic_shapes=dynamic, verbose=False)  # fmt: skip
+        program = torch.onnx.export(
+            _Velocity(model),
+            args,
+            dynamo=True,
+            input_names=names,
+            output_names=["v"],
+            dynamic_shapes=dynamic,
+            verbose=False,
+        )
     proto = program.model_proto
     entry = proto.metadata_props.add()
     entry.key, entry.value = "tinydit", json.dumps(meta)
@@ -117,14 +134,19 @@ def _pt2(model: nn.Module, meta: dict, path: Path) -> Path:
 
 def find_ort_web(hint: str | Path | None = None) -> Path:
     """The dist folder of the npm package onnxruntime-web: ``hint``, else node_modules/ here or above."""
-    candidates = [Path(hint)] if hint else [p / "node_modules" / "onnxruntime-web" / "dist"
-                                            for p in (Path.cwd(), *Path.cwd().parents)]  # fmt: skip
+    candidates = (
+        [Path(hint)]
+        if hint
+        else [p / "node_modules" / "onnxruntime-web" / "dist" for p in (Path.cwd(), *Path.cwd().parents)]
+    )
     for c in candidates:
         if all((c / f).is_file() for f in ORT_WEB_FILES):
             return c
     where = hint or "node_modules/onnxruntime-web/dist here or in a folder above"
-    raise TinyDiTError(f"`format` web copies onnxruntime-web into the page, and {where} has not got it: run "
-                       "`npm install onnxruntime-web` (or pass `ort_web` DIR, the package's dist folder)")  # fmt: skip
+    raise TinyDiTError(
+        f"`format` web copies onnxruntime-web into the page, and {where} has not got it: run "
+        "`npm install onnxruntime-web` (or pass `ort_web` DIR, the package's dist folder)"
+    )
 
 
 def _web(model: nn.Module, meta: dict, folder: Path, ort_web: str | Path | None) -> Path:
@@ -155,16 +177,25 @@ def read_eval_metrics(path: str | Path) -> dict:
     try:
         metrics = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as err:
-        raise TinyDiTError(f"`metrics` {path} is not readable JSON ({type(err).__name__}); pass the metrics.json "
-                           "that `tinydit eval --out DIR` writes") from err  # fmt: skip
+        raise TinyDiTError(
+            f"`metrics` {path} is not readable JSON ({type(err).__name__}); pass the metrics.json "
+            "that `tinydit eval --out DIR` writes"
+        ) from err
     if not isinstance(metrics, dict):
         raise TinyDiTError(f"`metrics` {path} holds no metrics; pass the metrics.json that `tinydit eval` writes")
     return metrics
 
 
-def export(checkpoint: str | Path, fmt: str, out: str | Path, ema: bool = True,
-           ort_web: str | Path | None = None, dtype: str = "float32",
-           metrics: str | Path | None = None, about: str | None = None) -> Path:  # fmt: skip
+def export(
+    checkpoint: str | Path,
+    fmt: str,
+    out: str | Path,
+    ema: bool = True,
+    ort_web: str | Path | None = None,
+    dtype: str = "float32",
+    metrics: str | Path | None = None,
+    about: str | None = None,
+) -> Path:
     """Export the checkpoint's (EMA) model as ``fmt`` (onnx, pt2, web or safetensors) to ``out``; returns the path.
 
     safetensors only: ``dtype`` of the weights (float32, bfloat16 or float16), ``metrics``, an evaluation's
@@ -179,8 +210,10 @@ def export(checkpoint: str | Path, fmt: str, out: str | Path, ema: bool = True,
         if dtype not in DTYPES:
             raise TinyDiTError(f"`dtype` must be one of {', '.join(DTYPES)}, got {dtype!r}")
         if out.is_file() or out.suffix in (".safetensors", ".pt", ".pt2", ".onnx", ".json"):
-            raise TinyDiTError(f"`out` {out}: a safetensors export is a folder (model.safetensors, config.json, "
-                               "README.md); give the folder's name")  # fmt: skip
+            raise TinyDiTError(
+                f"`out` {out}: a safetensors export is a folder (model.safetensors, config.json, "
+                "README.md); give the folder's name"
+            )
         state = load_checkpoint(checkpoint)
         load_model(state, ema=ema)  # the weights must fit their config before anything is written
         shown = read_eval_metrics(metrics) if metrics is not None else run_metrics(checkpoint, state.get("step"))

@@ -57,8 +57,9 @@ class OnnxSampler:
         empty[:, 0] = BOS
         return empty
 
-    def velocity(self, x: np.ndarray, t: float, y: np.ndarray, cfg_scale: float, guided: bool,
-                 d: float = 0.0) -> np.ndarray:
+    def velocity(
+        self, x: np.ndarray, t: float, y: np.ndarray, cfg_scale: float, guided: bool, d: float = 0.0
+    ) -> np.ndarray:
         """v at time t for x (N, C, H, W); guided: v_uncond + s (v_cond - v_uncond) in one batch of 2N.
         ``d``: the step a shortcut model is told it will take (0: the instantaneous velocity)."""
         n = x.shape[0]
@@ -86,9 +87,18 @@ class OnnxSampler:
             feed["d"] = np.full_like(t, d)
         return self.session.run(None, feed)[0]
 
-    def sample(self, noise: np.ndarray, y: np.ndarray, steps: int = 32, cfg_scale: float = 2.0,
-               sampler: str = "euler", cfg_interval: tuple[float, float] | None = None, on_step=None,
-               eta: float = 1.0, fresh=None) -> np.ndarray:
+    def sample(
+        self,
+        noise: np.ndarray,
+        y: np.ndarray,
+        steps: int = 32,
+        cfg_scale: float = 2.0,
+        sampler: str = "euler",
+        cfg_interval: tuple[float, float] | None = None,
+        on_step=None,
+        eta: float = 1.0,
+        fresh=None,
+    ) -> np.ndarray:
         """From noise (N, C, H, W) at t = 1 to images at t = 0. ``on_step(i, x)`` sees every step.
 
         ``ancestral`` (DDIM's eta family on the straight path, as ``tinydit.flow.samplers.ancestral``) draws

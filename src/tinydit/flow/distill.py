@@ -35,8 +35,15 @@ from torch import nn
 
 from tinydit.errors import TinyDiTError
 
-__all__ = ["KNOTS", "STUDENT_STEPS", "STEP_PROBS", "distill_loss", "distill_losses_by_steps", "init_student",
-           "warn_if_untrained_settings"]  # fmt: skip
+__all__ = [
+    "KNOTS",
+    "STUDENT_STEPS",
+    "STEP_PROBS",
+    "distill_loss",
+    "distill_losses_by_steps",
+    "init_student",
+    "warn_if_untrained_settings",
+]
 
 KNOTS = 8  # the teacher's path is kept at t = 0, 1/8, ..., 1
 STUDENT_STEPS = (1, 2, 4, 8)  # the step counts the student learns; each divides KNOTS
@@ -52,8 +59,9 @@ def init_student(student: nn.Module, teacher_weights: dict) -> None:
     except RuntimeError as err:  # a shape mismatch
         raise TinyDiTError(f"the teacher's weights do not fit the student ({err}); {hint}") from err
     if unexpected or any(not k.startswith("d_embed.") for k in missing):
-        raise TinyDiTError(f"the teacher's weights do not fit the student (missing {missing}, unexpected "
-                           f"{unexpected}); {hint}")  # fmt: skip
+        raise TinyDiTError(
+            f"the teacher's weights do not fit the student (missing {missing}, unexpected {unexpected}); {hint}"
+        )
     last = student.d_embed.mlp[2]
     nn.init.zeros_(last.weight)
     nn.init.zeros_(last.bias)
@@ -118,6 +126,9 @@ def warn_if_untrained_settings(state: dict, sampler: str, steps: int, cfg_scale:
     if state.get("train_config", {}).get("few_step") != "distill":
         return
     if sampler != "euler" or steps not in STUDENT_STEPS or cfg_scale != 1.0 or grid != "uniform":
-        warnings.warn(f"this checkpoint is a distilled student, trained for {', '.join(map(str, STUDENT_STEPS))} "
-                      f"euler steps on the uniform grid at guidance 1 (`cfg_scale` 1); {sampler} with {steps} steps, "
-                      f"{grid} grid and guidance {cfg_scale:g} were never trained", stacklevel=2)  # fmt: skip
+        warnings.warn(
+            f"this checkpoint is a distilled student, trained for {', '.join(map(str, STUDENT_STEPS))} "
+            f"euler steps on the uniform grid at guidance 1 (`cfg_scale` 1); {sampler} with {steps} steps, "
+            f"{grid} grid and guidance {cfg_scale:g} were never trained",
+            stacklevel=2,
+        )

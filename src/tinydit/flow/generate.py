@@ -1,11 +1,13 @@
 """Seeded, batched generation: the noise of every image drawn up front, so that image i does not depend
-on the batch size; the complete settings of a sampling run, for reports."""
+on the batch size; the complete settings of a sampling run, for reports; and what a sampling command
+draws each image of (``sample_conditions``: class labels, or caption ids of its prompts)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from tinydit.data.text import tokenizer_of
 from tinydit.distributed import SINGLE, World
 from tinydit.errors import TinyDiTError
 from tinydit.flow.grids import DEFAULT_SHIFT, checked_time_grid
@@ -13,7 +15,7 @@ from tinydit.flow.guidance import Velocity
 from tinydit.flow.samplers import DEFAULT_ETA, DEFAULT_TOL, SAMPLERS, SampleResult, check_sampler_args
 from tinydit.progress import Progress
 
-__all__ = ["class_cycle", "generate", "sampler_settings"]
+__all__ = ["class_cycle", "generate", "sampler_settings", "sample_conditions", "resolve_labels", "resolve_prompts"]
 
 
 def class_cycle(n: int, n_classes: int, device: str | torch.device = "cpu") -> torch.Tensor:
@@ -90,11 +92,85 @@ def sampler_settings(name: str, steps: int, cfg_scale: float, **options) -> dict
     check_sampler_args(steps, cfg_scale, name, **options)
     grid = options.get("grid", "uniform")
     interval = options.get("cfg_interval")
-    out = {"name": name, "steps": steps, "cfg": cfg_scale, "grid": grid,
-           "shift": options.get("shift", DEFAULT_SHIFT) if grid == "shifted" else None,
-           "cfg_interval": [float(v) for v in interval] if interval is not None else None}  # fmt: skip
+    out = {
+        "name": name,
+        "steps": steps,
+        "cfg": cfg_scale,
+        "grid": grid,
+        "shift": options.get("shift", DEFAULT_SHIFT) if grid == "shifted" else None,
+        "cfg_interval": [float(v) for v in interval] if interval is not None else None,
+    }
     if name == "dopri5":
         out.update(rtol=options.get("rtol", DEFAULT_TOL), atol=options.get("atol", DEFAULT_TOL))
     if name == "ancestral":
         out.update(eta=options.get("eta", DEFAULT_ETA))
     return out
+
+
+def sample_conditions(checkpoint, state: dict, n: int | None, classes, prompts, unconditional: bool, nrow: int | None):
+    """What ``sample`` draws each image of: (y, labels, names, nrow). Class models: labels (N,) of ``classes``
+    (default all, n = 64), a column each; text models: caption ids (P n, L) of ``prompts`` (default the run's
+    grid prompts, n = 8 each), a row each; ``unconditional``: the null label or the empty caption."""
+    names, tokenizer = state["data"]["classes"], tokenizer_of(state)
+    if tokenizer is None:
+        if prompts:
+            raise TinyDiTError(
+                f"{checkpoint} is class-conditional (classes: {', '.join(names)}): use `classes`, not "
+                "`prompts`; prompts need a text run (`model` mmdit or `cond` text)"
+            )
+        n = 64 if n is None else n
+        if unconditional:
+            y = labels = torch.full_like(resolve_labels(None, names, n), len(names))  # the null label, n checked
+            names = [*names, "unconditional"]
+        else:
+            y = labels = resolve_labels(classes, names, n)
+        return y, labels, names, nrow or (len(names) if not (classes or unconditional) else min(8, n))
+    if classes:
+        raise TinyDiTError(f"{checkpoint} is a text-to-image model: use `prompts`, not `classes`")
+    names = [""] if unconditional else list(prompts or state["data"]["prompts"])
+    n = 8 if n is None else n
+    y, labels = resolve_prompts(names, tokenizer, n, allow_empty=unconditional)  # (P n, L), (P n,): a row each
+    return y, labels, names, nrow or n
+
+
+def resolve_labels(specs: list[str] | None, classes: list[str], n: int) -> torch.Tensor:
+    """Labels (n,) for class names or ids given by a user, cycled to length n; all classes if none.
+
+    ``specs`` items may be names ("sneaker") or ids ("7"); names match case-insensitively.
+    """
+    if n < 1:
+        raise TinyDiTError(f"`n` must be >= 1, got {n}")
+    if not specs:
+        return class_cycle(n, len(classes))
+    lookup = {name.lower(): i for i, name in enumerate(classes)}
+    ids = []
+    for spec in specs:
+        for item in str(spec).split(","):
+            item = item.strip()
+            if item.isdigit() and int(item) < len(classes):
+                ids.append(int(item))
+            elif item.lower() in lookup:
+                ids.append(lookup[item.lower()])
+            else:
+                raise TinyDiTError(
+                    f"unknown class {item!r}: this model knows {', '.join(classes)} (or ids 0-{len(classes) - 1})"
+                )
+    return torch.tensor(ids, dtype=torch.long)[torch.arange(n) % len(ids)]
+
+
+def resolve_prompts(
+    prompts: list[str], tokenizer, n: int, allow_empty: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Caption ids (P n, L) for n images of each of P prompts, prompt after prompt, and each image's
+    prompt index (P n,). Unknown words warn by name (``tinydit.data.text.Tokenizer.encode``)."""
+    if n < 1:
+        raise TinyDiTError(f"`n` must be >= 1, got {n}")
+    if not prompts:
+        raise TinyDiTError("no prompt given: pass `prompts`, one or more captions (one grid row each)")
+    if not allow_empty and any(not p.strip() for p in prompts):
+        raise TinyDiTError(
+            "an empty prompt would sample with no caption at all; give a caption, or ask for "
+            "unconditional samples with `unconditional`"
+        )
+    index = torch.arange(len(prompts)).repeat_interleave(n)  # (P n,): row p holds prompt p
+    return tokenizer.encode(list(prompts))[index], index

@@ -13,8 +13,16 @@ import torch
 
 from tinydit.errors import TinyDiTError
 
-__all__ = ["DEFAULT_SHIFT", "GRIDS", "GRID_NAMES", "uniform_grid", "shifted_grid", "time_grid", "check_grid",
-           "checked_time_grid"]  # fmt: skip
+__all__ = [
+    "DEFAULT_SHIFT",
+    "GRIDS",
+    "GRID_NAMES",
+    "uniform_grid",
+    "shifted_grid",
+    "time_grid",
+    "check_grid",
+    "checked_time_grid",
+]
 
 DEFAULT_SHIFT = 3.0  # SD3's sampling shift (Esser et al. 2024, sec. 5.3.2)
 

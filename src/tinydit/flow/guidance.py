@@ -57,8 +57,9 @@ class Velocity:
     only (one evaluation) elsewhere. At s = 1 guidance is off everywhere.
     """
 
-    def __init__(self, model: nn.Module, y: torch.Tensor, cfg_scale: float = 1.0,
-                 cfg_interval: tuple[float, float] | None = None):  # fmt: skip
+    def __init__(
+        self, model: nn.Module, y: torch.Tensor, cfg_scale: float = 1.0, cfg_interval: tuple[float, float] | None = None
+    ):
         self.model, self.y, self.cfg_scale = model, y, cfg_scale
         self.null = null_condition(model, y) if cfg_scale != 1.0 else None  # the same at every step
         self.lo, self.hi = (0.0, 1.0) if cfg_interval is None else (float(cfg_interval[0]), float(cfg_interval[1]))

@@ -18,12 +18,28 @@ from tinydit.errors import TinyDiTError
 from tinydit.flow.samplers import check_sampler_args
 from tinydit.models.presets import MODEL_CONDS, MODEL_PRESETS
 
-__all__ = ["SAMPLING_KEYS", "SAMPLING_DEFAULT", "SAMPLING_RECORDS", "split_sampling", "read_sampling_records",
-           "recommended_sampling", "recorded_sampling"]  # fmt: skip
+__all__ = [
+    "SAMPLING_KEYS",
+    "SAMPLING_DEFAULT",
+    "SAMPLING_RECORDS",
+    "split_sampling",
+    "read_sampling_records",
+    "recommended_sampling",
+    "recorded_sampling",
+]
 
 SAMPLING_KEYS = ("sampler", "steps", "cfg_scale", "grid", "shift", "cfg_interval", "eta", "rtol", "atol")
-SAMPLING_DEFAULT = {"sampler": "euler", "steps": 32, "cfg_scale": 2.0, "grid": "uniform", "shift": None,
-                    "cfg_interval": None, "eta": None, "rtol": None, "atol": None}  # fmt: skip
+SAMPLING_DEFAULT = {
+    "sampler": "euler",
+    "steps": 32,
+    "cfg_scale": 2.0,
+    "grid": "uniform",
+    "shift": None,
+    "cfg_interval": None,
+    "eta": None,
+    "rtol": None,
+    "atol": None,
+}
 # Measurements, kept as data beside this module (package data) so that a new measurement changes no code.
 SAMPLING_RECORDS = Path(__file__).with_name("sampling_records.json")
 
@@ -49,8 +65,9 @@ def read_sampling_records(path: Path = SAMPLING_RECORDS) -> dict[tuple[str, str,
     except FileNotFoundError as err:
         raise TinyDiTError(f"the sampling records {path} are missing: reinstall tinydit") from err
     except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise TinyDiTError(f"{path} is not a sampling records file (JSON with a list of `records`): "
-                           f"{type(err).__name__}: {err}") from err  # fmt: skip
+        raise TinyDiTError(
+            f"{path} is not a sampling records file (JSON with a list of `records`): {type(err).__name__}: {err}"
+        ) from err
     table = {}
     for i, record in enumerate(records):
         try:
@@ -79,8 +96,10 @@ def _check_sampling_record(record: dict) -> tuple[tuple[str, str, str], dict]:
     settings = dict(record["settings"])
     unknown = set(settings) - set(SAMPLING_KEYS)
     if unknown or not {"sampler", "steps", "cfg_scale"} <= set(settings):
-        raise TinyDiTError(f"`settings` {settings} must give sampler, steps and cfg_scale, and may give only "
-                           f"{', '.join(SAMPLING_KEYS)}")  # fmt: skip
+        raise TinyDiTError(
+            f"`settings` {settings} must give sampler, steps and cfg_scale, and may give only "
+            f"{', '.join(SAMPLING_KEYS)}"
+        )
     if isinstance(settings["steps"], bool) or not isinstance(settings["steps"], int):
         raise TinyDiTError(f"`steps` must be an integer, got {settings['steps']!r}")
     check_sampler_args(**{**SAMPLING_DEFAULT, **settings})
@@ -93,13 +112,20 @@ def recommended_sampling(data: str, preset: str, cond: str, few_step: str = "non
     """The sampler settings a new checkpoint records: complete (every key of SAMPLING_KEYS) and sourced.
     ``data`` is the canonical name (``tinydit.data.names.canonical_name``), as a checkpoint records it."""
     if few_step == "distill":  # guidance is in the teacher's paths, and the student learned Euler jumps
-        found = {"sampler": "euler", "steps": 4, "cfg_scale": 1.0,
-                 "source": "a distilled student takes 1, 2, 4 or 8 Euler steps at guidance 1"}
+        found = {
+            "sampler": "euler",
+            "steps": 4,
+            "cfg_scale": 1.0,
+            "source": "a distilled student takes 1, 2, 4 or 8 Euler steps at guidance 1",
+        }
     else:
         found = read_sampling_records().get((data, preset, cond))
     if found is None:
-        return {**SAMPLING_DEFAULT, "source": "the default, not measured for this data set and preset: "
-                                              "`tinydit sweep --apply` records the best for this checkpoint"}
+        return {
+            **SAMPLING_DEFAULT,
+            "source": "the default, not measured for this data set and preset: "
+            "`tinydit sweep --apply` records the best for this checkpoint",
+        }
     settings = {**SAMPLING_DEFAULT, **found}
     settings["cfg_interval"] = list(settings["cfg_interval"]) if settings["cfg_interval"] else None
     return settings

@@ -42,11 +42,26 @@ from tinydit.errors import TinyDiTError
 from tinydit.flow.grids import check_grid, checked_time_grid, uniform_grid
 from tinydit.flow.guidance import Velocity
 
-__all__ = ["SampleResult", "SAMPLERS", "SAMPLER_NAMES", "FIXED_STEP_SAMPLERS", "check_sampler_args",
-           "sample", "sample_path", "euler", "heun", "midpoint", "heun_first",
-           "ancestral", "dopri5", "DEFAULT_TOL", "DEFAULT_ETA"]  # fmt: skip
+__all__ = [
+    "SampleResult",
+    "SAMPLERS",
+    "SAMPLER_NAMES",
+    "FIXED_STEP_SAMPLERS",
+    "check_sampler_args",
+    "sample",
+    "sample_path",
+    "euler",
+    "heun",
+    "midpoint",
+    "heun_first",
+    "ancestral",
+    "dopri5",
+    "DEFAULT_TOL",
+    "DEFAULT_ETA",
+]
 
 Field = Callable[[torch.Tensor, float], torch.Tensor]  # v = velocity(x, t); Velocity also takes d=, the step
+Step = Callable[[Field, torch.Tensor, float, float], torch.Tensor]  # x_next = step(velocity, x, t, t_next)
 
 
 @dataclass
@@ -58,16 +73,17 @@ class SampleResult:
 def _times(grid: torch.Tensor) -> list[float]:
     """The grid as floats, after checking that it is one falling sequence of at least two times."""
     if not torch.is_tensor(grid) or grid.dim() != 1 or len(grid) < 2:
-        raise TinyDiTError(f"a time grid is a 1-D tensor of at least 2 times (steps + 1), got "
-                           f"{tuple(grid.shape) if torch.is_tensor(grid) else type(grid).__name__}")  # fmt: skip
+        raise TinyDiTError(
+            f"a time grid is a 1-D tensor of at least 2 times (steps + 1), got "
+            f"{tuple(grid.shape) if torch.is_tensor(grid) else type(grid).__name__}"
+        )
     ts = grid.tolist()
     if not all(a > b for a, b in zip(ts[:-1], ts[1:], strict=False)) or ts[0] > 1 or ts[-1] < 0:
         raise TinyDiTError(f"a time grid falls strictly from at most 1 (noise) to at least 0 (data), got {ts}")
     return ts
 
 
-def _walk(step: Callable[[Field, torch.Tensor, float, float], torch.Tensor], velocity: Field, x: torch.Tensor,
-          grid: torch.Tensor) -> torch.Tensor:  # fmt: skip
+def _walk(step: Step, velocity: Field, x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
     """Walk the grid with ``step(velocity, x, t, t_next) -> x``."""
     ts = _times(grid)
     for t, t_next in zip(ts[:-1], ts[1:], strict=True):
@@ -192,14 +208,17 @@ def _dopri5_piece(
         size = abs(dt) * min(10.0 if err <= 1.0 else 1.0, max(0.2, factor))
         attempts += 1
         if attempts > MAX_DOPRI5_STEPS:
-            raise TinyDiTError(f"dopri5 needed more than {MAX_DOPRI5_STEPS} steps between t = {t0:g} and "
-                               f"{t1:g} (stuck at t = {t:.3g}); loosen `rtol`/`atol` or use a fixed-step sampler")
+            raise TinyDiTError(
+                f"dopri5 needed more than {MAX_DOPRI5_STEPS} steps between t = {t0:g} and "
+                f"{t1:g} (stuck at t = {t:.3g}); loosen `rtol`/`atol` or use a fixed-step sampler"
+            )
     return x, size
 
 
 @torch.no_grad()
-def dopri5(velocity: Field, x: torch.Tensor, grid: torch.Tensor, *, rtol: float | None = None,
-           atol: float | None = None) -> torch.Tensor:  # fmt: skip
+def dopri5(
+    velocity: Field, x: torch.Tensor, grid: torch.Tensor, *, rtol: float | None = None, atol: float | None = None
+) -> torch.Tensor:
     """Dormand-Prince 5(4) with FSAL and error-per-step control (Hairer, Norsett & Wanner, sec. II.4).
 
     The step size adapts so that each image's local error stays within ``atol + rtol |x|`` (RMS over
@@ -231,8 +250,14 @@ DEFAULT_ETA = 1.0
 
 
 @torch.no_grad()
-def ancestral(velocity: Field, x: torch.Tensor, grid: torch.Tensor, *, eta: float | None = None,
-              generator: torch.Generator | None = None) -> torch.Tensor:  # fmt: skip
+def ancestral(
+    velocity: Field,
+    x: torch.Tensor,
+    grid: torch.Tensor,
+    *,
+    eta: float | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """Ancestral sampling: DDIM's eta family (Song et al. 2021, eq. 12) on the straight path x_t = (1 - t) x0 + t eps.
 
     Each step evaluates the velocity once and splits x_t into its predictions x0 = x - t v and
@@ -266,9 +291,13 @@ def ancestral(velocity: Field, x: torch.Tensor, grid: torch.Tensor, *, eta: floa
 # --- the registry and the entry points --------------------------------------------------------------------
 
 SAMPLERS: dict[str, Callable[..., torch.Tensor]] = {
-    "euler": euler, "heun": heun, "midpoint": midpoint, "dopri5": dopri5, "ancestral": ancestral,
+    "euler": euler,
+    "heun": heun,
+    "midpoint": midpoint,
+    "dopri5": dopri5,
+    "ancestral": ancestral,
     "heun-first": heun_first,
-}  # fmt: skip
+}
 SAMPLER_NAMES = tuple(SAMPLERS)
 FIXED_STEP_SAMPLERS = ("euler", "heun", "midpoint")  # fixed-step and deterministic: their path can be recorded
 
@@ -308,17 +337,26 @@ def check_sampler_args(
 
 
 def sample(
-    name: str, model: nn.Module, noise: torch.Tensor, y: torch.Tensor, steps: int = 32, cfg_scale: float = 1.0,
-    *, grid: str = "uniform", shift: float | None = None, cfg_interval: tuple[float, float] | None = None,
+    name: str,
+    model: nn.Module,
+    noise: torch.Tensor,
+    y: torch.Tensor,
+    steps: int = 32,
+    cfg_scale: float = 1.0,
+    *,
+    grid: str = "uniform",
+    shift: float | None = None,
+    cfg_interval: tuple[float, float] | None = None,
     **options,
-) -> SampleResult:  # fmt: skip
+) -> SampleResult:
     """Run the sampler called ``name`` from ``noise`` (N, C, H, W) at t = 1 for conditions ``y`` on ``steps``
     of the grid called ``grid``, guided by ``cfg_scale`` in ``cfg_interval``. ``options`` are the
     sampler's own keywords (dopri5: rtol, atol; ancestral: eta, generator); None means the default."""
     options = {k: v for k, v in options.items() if v is not None}  # None: the sampler's default
     grid = "uniform" if grid is None else grid
-    check_sampler_args(steps, cfg_scale, name, grid, shift, cfg_interval,
-                       **{k: v for k, v in options.items() if k != "generator"})  # fmt: skip
+    check_sampler_args(
+        steps, cfg_scale, name, grid, shift, cfg_interval, **{k: v for k, v in options.items() if k != "generator"}
+    )
     velocity = Velocity(model, y, cfg_scale, cfg_interval)
     x = SAMPLERS[name](velocity, noise, checked_time_grid(steps, grid, shift), **options)
     return SampleResult(x, velocity.nfe)
@@ -344,8 +382,9 @@ def sample_path(
     t = k / knots, so states[knots] is the noise and states[0] the sample; model evaluations per image).
     """
     if name not in FIXED_STEP_SAMPLERS:
-        raise TinyDiTError(f"a recorded path needs a fixed-step sampler ({', '.join(FIXED_STEP_SAMPLERS)}), "
-                           f"got {name!r}")  # fmt: skip
+        raise TinyDiTError(
+            f"a recorded path needs a fixed-step sampler ({', '.join(FIXED_STEP_SAMPLERS)}), got {name!r}"
+        )
     if knots < 1 or steps_per_knot < 1:
         raise TinyDiTError(f"knots and steps per knot must be >= 1, got {knots} and {steps_per_knot}")
     steps = knots * steps_per_knot

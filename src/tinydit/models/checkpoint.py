@@ -47,8 +47,10 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     path = Path(path)
     if path.is_dir() and not (path / pretrained.WEIGHTS).exists() and (path / "checkpoint.pt").is_file():
         path = path / "checkpoint.pt"  # a run directory
-    elif path.is_dir() or path.name in (pretrained.CONFIG, pretrained.WEIGHTS) or (
-        not path.exists() and path.suffix != ".pt" and pretrained.is_hub_id(str(path))
+    elif (
+        path.is_dir()
+        or path.name in (pretrained.CONFIG, pretrained.WEIGHTS)
+        or (not path.exists() and path.suffix != ".pt" and pretrained.is_hub_id(str(path)))
     ):
         return pretrained.load_pretrained(path)
     if not path.is_file():
@@ -76,13 +78,21 @@ def check_weights(model: nn.Module, weights: dict, where: str) -> None:
     expected = model.state_dict()
     missing = [k for k in expected if k not in weights]
     extra = [k for k in weights if k not in expected]
-    wrong = [f"{k} {tuple(weights[k].shape)} (the config makes {tuple(v.shape)})" for k, v in expected.items()
-             if k in weights and weights[k].shape != v.shape]  # fmt: skip
-    problems = [f"{what} {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}"
-                for what, names in (("missing", missing), ("unexpected", extra), ("wrong shape", wrong)) if names]
+    wrong = [
+        f"{k} {tuple(weights[k].shape)} (the config makes {tuple(v.shape)})"
+        for k, v in expected.items()
+        if k in weights and weights[k].shape != v.shape
+    ]
+    problems = [
+        f"{what} {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}"
+        for what, names in (("missing", missing), ("unexpected", extra), ("wrong shape", wrong))
+        if names
+    ]
     if problems:
-        raise TinyDiTError(f"the weights in {where} do not fit its model config ({'; '.join(problems)}): the file is "
-                           "damaged or was edited; export or train it again")  # fmt: skip
+        raise TinyDiTError(
+            f"the weights in {where} do not fit its model config ({'; '.join(problems)}): the file is "
+            "damaged or was edited; export or train it again"
+        )
 
 
 def load_model(
@@ -97,8 +107,9 @@ def load_model(
         missing.append("model")
     if missing:
         where = "" if isinstance(state_or_path, dict) else f"{state_or_path} "
-        raise TinyDiTError(f"{where}lacks {', '.join(missing)}: the checkpoint is damaged, or was not written by "
-                           "`tinydit train`")  # fmt: skip
+        raise TinyDiTError(
+            f"{where}lacks {', '.join(missing)}: the checkpoint is damaged, or was not written by `tinydit train`"
+        )
     kind = state.get("model_type", "dit")
     model = build_model(kind, config_from_dict(kind, state["model_config"]))
     weights = state["ema"] if ema and state.get("ema") is not None else state["model"]

@@ -45,8 +45,18 @@ from tinydit.models.linear import token_linear
 from tinydit.models.text_encoder import TextEncoder
 from tinydit.tokens import empty_like
 
-__all__ = ["DiTConfig", "DiT", "DiTBlock", "PRESETS", "DEFAULT_PRESET", "SWITCHES", "ORIGINAL_BLOCK", "CONDS",
-           "get_preset", "count_params"]  # fmt: skip
+__all__ = [
+    "DiTConfig",
+    "DiT",
+    "DiTBlock",
+    "PRESETS",
+    "DEFAULT_PRESET",
+    "SWITCHES",
+    "ORIGINAL_BLOCK",
+    "CONDS",
+    "get_preset",
+    "count_params",
+]
 
 X_PRED_T_MIN = 0.05  # x-prediction divides by t; below this t the division is clipped (JiT, Li & He 2025)
 
@@ -122,9 +132,15 @@ class DiT(nn.Module):
         if config.cond == "class":
             self.y_embed = nn.Embedding(config.n_classes + 1, config.dim)  # the last row is the null label
         else:
-            self.text = TextEncoder(config.vocab_size, config.text_len, config.dim, config.text_depth, config.n_heads,
-                                    config.mlp,
-                                    config.mlp_ratio)  # fmt: skip
+            self.text = TextEncoder(
+                config.vocab_size,
+                config.text_len,
+                config.dim,
+                config.text_depth,
+                config.n_heads,
+                config.mlp,
+                config.mlp_ratio,
+            )
             # The pooled caption joins c like SD3's pooled CLIP vector: through a small MLP (SD3 fig. 2).
             d = config.dim
             self.pooled_embed = nn.Sequential(nn.Linear(d, d), nn.SiLU(), nn.Linear(d, d))
@@ -214,10 +230,16 @@ class DiT(nn.Module):
         (scores and weighted sum), plus 2 weights H W for a full-resolution conv stem or head. A training
         step costs about 3x this (backward = 2x forward)."""
         config = self.config
-        convs = sum(m[0].weight.numel() if isinstance(m, nn.Sequential) else m.weight.numel()
-                    for m in (self.stem, self.head) if m is not None)  # fmt: skip
-        return (2 * self.token_params() * config.n_tokens + 4 * config.depth * config.n_tokens**2 * config.dim
-                + 2 * convs * config.img_size**2)  # fmt: skip
+        convs = sum(
+            m[0].weight.numel() if isinstance(m, nn.Sequential) else m.weight.numel()
+            for m in (self.stem, self.head)
+            if m is not None
+        )
+        return (
+            2 * self.token_params() * config.n_tokens
+            + 4 * config.depth * config.n_tokens**2 * config.dim
+            + 2 * convs * config.img_size**2
+        )
 
     def patchify(self, x: torch.Tensor) -> torch.Tensor:
         """(N, C, H, W) -> tokens (N, T, D): each row-major p x p patch through ``patch_embed``'s weights.

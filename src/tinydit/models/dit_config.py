@@ -54,9 +54,7 @@ class DiTConfig:
             if getattr(self, name) < 1:
                 raise TinyDiTError(f"DiTConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.img_size % self.patch_size:
-            raise TinyDiTError(
-                f"patch_size {self.patch_size} does not divide img_size {self.img_size}; pick a divisor"
-            )
+            raise TinyDiTError(f"patch_size {self.patch_size} does not divide img_size {self.img_size}; pick a divisor")
         if self.dim % self.n_heads:
             raise TinyDiTError(f"dim {self.dim} is not divisible by n_heads {self.n_heads}")
         if self.dim % 4:
@@ -70,8 +68,9 @@ class DiTConfig:
                 raise TinyDiTError(f"DiTConfig.{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         for name in ("stem", "head"):
             if getattr(self, name) not in PIXEL_MAPS[name]:
-                raise TinyDiTError(f"DiTConfig.{name} must be one of {', '.join(PIXEL_MAPS[name])}, "
-                                   f"got {getattr(self, name)!r}")  # fmt: skip
+                raise TinyDiTError(
+                    f"DiTConfig.{name} must be one of {', '.join(PIXEL_MAPS[name])}, got {getattr(self, name)!r}"
+                )
         if self.conv_channels < 1:
             raise TinyDiTError(f"DiTConfig.conv_channels must be >= 1, got {self.conv_channels}")
         if self.pos == "rope" and self.head_dim % 4:

@@ -1,12 +1,12 @@
 """The layers the DiT, the MMDiT and the text encoder are built from (DiT; Peebles & Xie 2023).
 
-    modulate / norm_modulate   adaLN: x (N, T, D) normalised, then shifted and scaled by c's (N, D) vectors
-    AdaLN                      c (N, D) -> n modulation vectors, zero at initialisation (adaLN-Zero)
-    TimestepEmbedder           t (N,) -> (N, D)
-    sincos_2d, rope_2d         fixed 2-D positions: added to the tokens, or rotating q and k (RoPE)
-    Attention                  multi-head self-attention, optional QK-norm and RoPE
-    Mlp, SwiGLU                the block MLPs (make_mlp)
-    FinalLayer                 tokens (N, T, D) -> patches (N, T, p*p*C), adaLN-modulated
+modulate / norm_modulate   adaLN: x (N, T, D) normalised, then shifted and scaled by c's (N, D) vectors
+AdaLN                      c (N, D) -> n modulation vectors, zero at initialisation (adaLN-Zero)
+TimestepEmbedder           t (N,) -> (N, D)
+sincos_2d, rope_2d         fixed 2-D positions: added to the tokens, or rotating q and k (RoPE)
+Attention                  multi-head self-attention, optional QK-norm and RoPE
+Mlp, SwiGLU                the block MLPs (make_mlp)
+FinalLayer                 tokens (N, T, D) -> patches (N, T, p*p*C), adaLN-modulated
 """
 
 from __future__ import annotations
@@ -20,8 +20,23 @@ from torch import nn
 from tinydit.models.attention import attention
 from tinydit.models.linear import TokenLinear, token_linear
 
-__all__ = ["modulate", "norm_modulate", "sincos_2d", "TimestepEmbedder", "rope_2d", "apply_rope", "make_norm",
-           "QKNorm", "Attention", "Mlp", "swiglu_hidden", "SwiGLU", "make_mlp", "AdaLN", "FinalLayer"]  # fmt: skip
+__all__ = [
+    "modulate",
+    "norm_modulate",
+    "sincos_2d",
+    "TimestepEmbedder",
+    "rope_2d",
+    "apply_rope",
+    "make_norm",
+    "QKNorm",
+    "Attention",
+    "Mlp",
+    "swiglu_hidden",
+    "SwiGLU",
+    "make_mlp",
+    "AdaLN",
+    "FinalLayer",
+]
 
 
 def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

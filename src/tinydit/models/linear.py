@@ -43,8 +43,17 @@ from torch import nn
 
 from tinydit.runtime import KernelSwitch
 
-__all__ = ["LINEAR", "BACKENDS", "PROBE_SPEEDUP", "TokenLinear", "linear_backend", "onednn_is_faster",
-           "onednn_linear", "resolve_backend", "token_linear"]  # fmt: skip
+__all__ = [
+    "LINEAR",
+    "BACKENDS",
+    "PROBE_SPEEDUP",
+    "TokenLinear",
+    "linear_backend",
+    "onednn_is_faster",
+    "onednn_linear",
+    "resolve_backend",
+    "token_linear",
+]
 
 PROBE_SPEEDUP = 1.15  # auto takes oneDNN only where the probe timed it at least this much faster
 _onednn_faster: bool | None = None  # the probe's answer, measured on first use
@@ -104,9 +113,18 @@ def _onednn_linear_backward_op(
     """Gradients for x, weight and bias in one oneDNN call; an empty tensor where ``needed`` is False."""
     d_out, d_in = weight.shape
     gx, gw, gb = torch.ops.aten.convolution_backward(
-        _pixels(grad.contiguous()), _pixels(x.contiguous()), weight[:, :, None, None], [d_out], [1, 1], [0, 0],
-        [1, 1], False, [0, 0], 1, needed,
-    )  # fmt: skip
+        _pixels(grad.contiguous()),
+        _pixels(x.contiguous()),
+        weight[:, :, None, None],
+        [d_out],
+        [1, 1],
+        [0, 0],
+        [1, 1],
+        False,
+        [0, 0],
+        1,
+        needed,
+    )
     gx = _tokens(gx, x.shape[:-1]) if needed[0] else x.new_empty(0)
     gw = gw.reshape(d_out, d_in) if needed[1] else weight.new_empty(0)
     return gx, gw, gb if needed[2] else weight.new_empty(0)

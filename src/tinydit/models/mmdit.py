@@ -45,13 +45,16 @@ class MMDiTConfig(DiTConfig):
 
     def __post_init__(self):
         if self.cond != "text":
-            raise TinyDiTError(f"MMDiT is conditioned on text (its second stream is the caption), got cond="
-                               f"{self.cond!r}; use `model` dit for class labels")  # fmt: skip
+            raise TinyDiTError(
+                f"MMDiT is conditioned on text (its second stream is the caption), got cond="
+                f"{self.cond!r}; use `model` dit for class labels"
+            )
         if self.single_blocks < 0:
             raise TinyDiTError(f"MMDiTConfig.single_blocks must be >= 0, got {self.single_blocks}")
         if self.skips:
-            raise TinyDiTError("MMDiT has no long skips (its trunk is joint blocks, then single-stream ones); "
-                               "drop skips")  # fmt: skip
+            raise TinyDiTError(
+                "MMDiT has no long skips (its trunk is joint blocks, then single-stream ones); drop skips"
+            )
         super().__post_init__()
 
 
@@ -139,9 +142,13 @@ class JointBlock(nn.Module):
         shift_x, scale_x, *rest_x = self.x.modulations(c)  # 6 x (N, D)
         shift_c, scale_c, *rest_c = self.ctx.modulations(c)  # 6 or 2 x (N, D)
         attn_x, attn_c = joint_attention(
-            self.x.attn, self.ctx.attn, norm_modulate(self.x.norm1, x, shift_x, scale_x),
-            norm_modulate(self.ctx.norm1, ctx, shift_c, scale_c), keep, rope,
-        )  # fmt: skip
+            self.x.attn,
+            self.ctx.attn,
+            norm_modulate(self.x.norm1, x, shift_x, scale_x),
+            norm_modulate(self.ctx.norm1, ctx, shift_c, scale_c),
+            keep,
+            rope,
+        )
         x = self.x.finish(x, attn_x, *rest_x)
         ctx = None if self.ctx.pre_only else self.ctx.finish(ctx, attn_c, *rest_c)
         return x, ctx

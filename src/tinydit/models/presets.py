@@ -4,8 +4,20 @@ nothing, so the configs, the registry and the training run's resolve step all re
 
 from __future__ import annotations
 
-__all__ = ["NORMS", "MLPS", "POSITIONS", "PREDICTIONS", "CONDS", "MODEL_CONDS", "DIT_PRESETS", "MMDIT_PRESETS",
-           "MODEL_PRESETS", "DEFAULT_PRESETS", "DEFAULT_DATA_PRESETS", "default_preset"]  # fmt: skip
+__all__ = [
+    "NORMS",
+    "MLPS",
+    "POSITIONS",
+    "PREDICTIONS",
+    "CONDS",
+    "MODEL_CONDS",
+    "DIT_PRESETS",
+    "MMDIT_PRESETS",
+    "MODEL_PRESETS",
+    "DEFAULT_PRESETS",
+    "DEFAULT_DATA_PRESETS",
+    "default_preset",
+]
 
 # The architecture switches of DiTConfig (tinydit.models.dit) and the values each takes.
 NORMS = ("layernorm", "rmsnorm")
@@ -20,6 +32,7 @@ MODEL_CONDS: dict[str, tuple[str, ...]] = {"dit": CONDS, "mmdit": ("text",)}
 
 # Presets fix the trunk (width, depth, heads, patch). Names carry the real parameter count, measured
 # for 32x32 RGB with 10 classes (tests/test_model.py checks each name against count_params).
+# fmt: off
 DIT_PRESETS: dict[str, dict] = {
     # pred="auto": the network predicts the clean image (x, JiT) on RGB data and the velocity (v) on
     # grayscale. A 3-channel patch holds more noise than a narrow token can carry, which x-prediction
@@ -40,12 +53,14 @@ DIT_PRESETS: dict[str, dict] = {
     "dit-9.8m": dict(dim=256, depth=8, n_heads=4, patch_size=4, pred="auto"),  # a longer CPU run, or a GPU
     "dit-32m": dict(dim=384, depth=12, n_heads=6, patch_size=2, pred="auto"),  # GPU: 256 tokens per 32x32 image
 }
+# fmt: on
 
 # Names carry the real parameter count, measured for 32x32 RGB shapes with its caption tokenizer (16 ids,
 # L = 8; tests/test_mmdit.py checks each). A joint block holds the weights of two DiT blocks, so
 # mmdit-2.3m (2 joint + 2 single-stream blocks) has exactly the parameters of dit-1.9m with the same
 # text encoder (2,318,384 each): the pair benchmarks/text_to_image.py compares. mmdit-2.1m is SD3's
 # all-joint trunk, one block shorter.
+# fmt: off
 MMDIT_PRESETS: dict[str, dict] = {
     "mmdit-0.2m": dict(dim=64, depth=1, n_heads=2, patch_size=4, text_depth=1, pred="auto"),  # smoke tests
     "mmdit-2.1m": dict(dim=128, depth=3, n_heads=4, patch_size=4, mlp="swiglu", text_depth=2, pred="auto"),
@@ -53,6 +68,7 @@ MMDIT_PRESETS: dict[str, dict] = {
         dim=128, depth=2, single_blocks=2, n_heads=4, patch_size=4, mlp="swiglu", text_depth=2, pred="auto"
     ),
 }
+# fmt: on
 
 MODEL_PRESETS: dict[str, dict[str, dict]] = {"dit": DIT_PRESETS, "mmdit": MMDIT_PRESETS}
 DEFAULT_PRESETS: dict[str, str] = {"dit": "dit-1.9m", "mmdit": "mmdit-2.3m"}

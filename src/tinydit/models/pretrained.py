@@ -26,17 +26,39 @@ from tinydit.errors import TinyDiTError
 from tinydit.files import atomic_write, ensure_writable_dir, write_text
 from tinydit.version import __version__
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "WEIGHTS", "CONFIG", "CARD", "TIME_CONVENTION", "save_pretrained",
-           "load_pretrained", "pretrained_config", "model_card", "resolve_folder", "is_hub_id", "reference_models",
-           "reference_folder"]  # fmt: skip
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "WEIGHTS",
+    "CONFIG",
+    "CARD",
+    "TIME_CONVENTION",
+    "save_pretrained",
+    "load_pretrained",
+    "pretrained_config",
+    "model_card",
+    "resolve_folder",
+    "is_hub_id",
+    "reference_models",
+    "reference_folder",
+]
 
 FORMAT = "tinydit-pretrained"
 FORMAT_VERSION = 1
 WEIGHTS, CONFIG, CARD = "model.safetensors", "config.json", "README.md"
 TIME_CONVENTION = "t = 0 is data, t = 1 is Gaussian noise; x_t = (1 - t) x0 + t noise; the model returns v = dx/dt"
 # What a folder keeps of a checkpoint, besides the weights: everything sampling and evaluation read.
-KEPT = ("model_type", "model_config", "train_config", "data", "tokenizer", "sampling", "step", "train_seconds",
-        "kernels")
+KEPT = (
+    "model_type",
+    "model_config",
+    "train_config",
+    "data",
+    "tokenizer",
+    "sampling",
+    "step",
+    "train_seconds",
+    "kernels",
+)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # owner/name
 # Reference models shipped in the package (``tinydit sample --pretrained NAME``), each a pretrained folder
 # trained by the documented command; its model card says which, on what machine, and what it measures.
@@ -52,37 +74,50 @@ def reference_folder(name: str) -> Path:
     """The folder of the reference model called ``name``."""
     names = reference_models()
     if name not in names:
-        raise TinyDiTError(f"unknown `pretrained` model {name!r}: this tinydit ships {', '.join(names) or 'none'}; "
-                           "or pass your own folder or checkpoint with `checkpoint`")  # fmt: skip
+        raise TinyDiTError(
+            f"unknown `pretrained` model {name!r}: this tinydit ships {', '.join(names) or 'none'}; "
+            "or pass your own folder or checkpoint with `checkpoint`"
+        )
     return REFERENCE / name
 
 
 def pretrained_config(state: dict) -> dict:
     """The config.json of a checkpoint dict: ``KEPT`` and the format, version and time convention."""
-    config = {"format": FORMAT, "format_version": FORMAT_VERSION, "tinydit_version": __version__,
-              "time": TIME_CONVENTION}  # fmt: skip
+    config = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "tinydit_version": __version__,
+        "time": TIME_CONVENTION,
+    }
     config.update({k: state.get(k) for k in KEPT})
     config["model_type"] = config["model_type"] or "dit"
     return config
 
 
-def save_pretrained(state: dict, folder: str | Path, ema: bool = True, dtype: torch.dtype | None = None,
-                    metrics: dict | None = None, about: str | None = None) -> Path:  # fmt: skip
+def save_pretrained(
+    state: dict,
+    folder: str | Path,
+    ema: bool = True,
+    dtype: torch.dtype | None = None,
+    metrics: dict | None = None,
+    about: str | None = None,
+) -> Path:
     """Write ``state`` (a checkpoint dict) as a pretrained folder: its EMA weights (``ema``) in ``dtype``
     (None: as trained, fp32), config.json and a model card that shows ``metrics`` (an evaluation's
     metrics.json, or None) and ``about`` (a line: the command and machine it was trained with). Returns
     the folder."""
     use_ema = ema and state.get("ema") is not None
     weights = state["ema"] if use_ema else state["model"]
-    tensors = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).detach().cpu().contiguous()
-               for k, v in weights.items()}  # fmt: skip
+    tensors = {
+        k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).detach().cpu().contiguous()
+        for k, v in weights.items()
+    }
     folder = Path(folder)
     ensure_writable_dir(folder)
     config = pretrained_config(state)
     config["about"] = about
     config["metrics"] = metrics
-    config["weights"] = {"ema": bool(use_ema),
-                         "dtype": str(next(iter(tensors.values())).dtype).removeprefix("torch.")}  # fmt: skip
+    config["weights"] = {"ema": bool(use_ema), "dtype": str(next(iter(tensors.values())).dtype).removeprefix("torch.")}
     from safetensors.torch import save
 
     with atomic_write(folder / WEIGHTS) as f:
@@ -115,8 +150,9 @@ def resolve_folder(path: str | Path) -> Path:
         return Path(snapshot_download(str(path), allow_patterns=[WEIGHTS, CONFIG, CARD]))
     except Exception as err:  # no network, no such repository, no access: one line that says so
         first = str(err).splitlines()[0] if str(err) else ""
-        raise TinyDiTError(f"{missing}; as a Hugging Face Hub id it could not be fetched either "
-                           f"({type(err).__name__}: {first})") from err  # fmt: skip
+        raise TinyDiTError(
+            f"{missing}; as a Hugging Face Hub id it could not be fetched either ({type(err).__name__}: {first})"
+        ) from err
 
 
 def load_pretrained(folder: str | Path) -> dict:
@@ -124,8 +160,9 @@ def load_pretrained(folder: str | Path) -> dict:
     ``TinyDiTError`` naming the file and the fix for anything else."""
     folder = resolve_folder(folder)
     config_path, weights_path = folder / CONFIG, folder / WEIGHTS
-    hint = ("a pretrained folder holds config.json and model.safetensors, written by "
-            "`tinydit export --format safetensors`")
+    hint = (
+        "a pretrained folder holds config.json and model.safetensors, written by `tinydit export --format safetensors`"
+    )
     if not config_path.is_file():
         raise TinyDiTError(f"{folder} has no {CONFIG}: {hint}")
     if not weights_path.is_file():
@@ -133,14 +170,18 @@ def load_pretrained(folder: str | Path) -> dict:
     try:
         config = json.loads(config_path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise TinyDiTError(f"{config_path} is not readable JSON ({type(err).__name__}): export the folder "
-                           "again") from err  # fmt: skip
+        raise TinyDiTError(
+            f"{config_path} is not readable JSON ({type(err).__name__}): export the folder again"
+        ) from err
     if not isinstance(config, dict) or config.get("format") != FORMAT:
-        raise TinyDiTError(f"{config_path} is not a TinyDiT pretrained config (its `format` must be {FORMAT!r}): "
-                           f"{hint}")  # fmt: skip
+        raise TinyDiTError(
+            f"{config_path} is not a TinyDiT pretrained config (its `format` must be {FORMAT!r}): {hint}"
+        )
     if config.get("format_version") != FORMAT_VERSION:
-        raise TinyDiTError(f"{config_path} has format version {config.get('format_version')}, this tinydit "
-                           f"{__version__} reads version {FORMAT_VERSION}; use the tinydit release that wrote it")
+        raise TinyDiTError(
+            f"{config_path} has format version {config.get('format_version')}, this tinydit "
+            f"{__version__} reads version {FORMAT_VERSION}; use the tinydit release that wrote it"
+        )
     missing = [k for k in ("model_config", "data") if not isinstance(config.get(k), dict)]
     if missing:
         raise TinyDiTError(f"{config_path} lacks {', '.join(missing)}: export the folder again")
@@ -150,12 +191,19 @@ def load_pretrained(folder: str | Path) -> dict:
     try:
         weights = load_file(weights_path)
     except (SafetensorError, OSError, ValueError) as err:
-        raise TinyDiTError(f"{weights_path} is not a readable safetensors file ({type(err).__name__}): export the "
-                           "folder again") from err  # fmt: skip
+        raise TinyDiTError(
+            f"{weights_path} is not a readable safetensors file ({type(err).__name__}): export the folder again"
+        ) from err
     state = {k: config.get(k) for k in KEPT}
-    state.update(format=FORMAT, model_type=config.get("model_type") or "dit", model=weights, ema=weights,
-                 train_config=config.get("train_config") or {}, step=config.get("step") or 0,
-                 source=str(weights_path))  # fmt: skip
+    state.update(
+        format=FORMAT,
+        model_type=config.get("model_type") or "dit",
+        model=weights,
+        ema=weights,
+        train_config=config.get("train_config") or {},
+        step=config.get("step") or 0,
+        source=str(weights_path),
+    )
     return state
 
 
@@ -172,26 +220,34 @@ def model_card(config: dict, n_params: int) -> str:
     sampling, text = config.get("sampling") or {}, model.get("cond") == "text"
     kind = {"dit": "DiT", "mmdit": "MMDiT"}.get(config.get("model_type", "dit"), config.get("model_type"))
     drawn = '--prompt "a red circle on a blue background" --n 8' if text else "--n 64"
-    budget = (f"{train['minutes']:g} minutes" if train.get("minutes") else f"{train.get('steps')} steps")
+    budget = f"{train['minutes']:g} minutes" if train.get("minutes") else f"{train.get('steps')} steps"
     minutes = (config.get("train_seconds") or 0) / 60
     lines = [
-        f"# TinyDiT {name} on {data.get('name', '?')}", "",
+        f"# TinyDiT {name} on {data.get('name', '?')}",
+        "",
         f"A flow-matching {kind} ({n_params:,} parameters) that draws "
         f"{data.get('channels', '?')}x{data.get('img_size', '?')}x{data.get('img_size', '?')} images of "
         f"{data.get('name', '?')}, conditioned on "
         + ("a caption." if text else f"a class ({', '.join(data.get('classes') or [])})."),
-        "", "## Use", "",
+        "",
+        "## Use",
+        "",
         "```bash",
         "pip install -e .   # in a clone of the TinyDiT repository",
         f"tinydit sample --checkpoint THIS_FOLDER {drawn} --out samples.png",
-        "```", "",
+        "```",
+        "",
         "```python",
         "import tinydit",
-        f"model = tinydit.from_pretrained(\"THIS_FOLDER\")  # the {kind}, in eval mode; or api.sample(\"THIS_FOLDER\")",
-        "```", "",
-        f"Time convention: {config.get('time', TIME_CONVENTION)}.", "",
-        "## Training", "",
-        "| | |", "|---|---|",
+        f'model = tinydit.from_pretrained("THIS_FOLDER")  # the {kind}, in eval mode; or api.sample("THIS_FOLDER")',
+        "```",
+        "",
+        f"Time convention: {config.get('time', TIME_CONVENTION)}.",
+        "",
+        "## Training",
+        "",
+        "| | |",
+        "|---|---|",
         f"| data | {data.get('name', '?')} |",
         f"| preset | {name} |",
         f"| budget | {budget}; {config.get('step')} optimizer steps in {minutes:.1f} training minutes |",
@@ -200,23 +256,42 @@ def model_card(config: dict, n_params: int) -> str:
         f"{train.get('seed')} |",
         f"| weights | {'EMA' if (config.get('weights') or {}).get('ema') else 'raw'}, "
         f"{(config.get('weights') or {}).get('dtype', 'float32')} |",
-        f"| tinydit | {config.get('tinydit_version')} |", "",
+        f"| tinydit | {config.get('tinydit_version')} |",
+        "",
         *([config["about"], ""] if config.get("about") else []),
-        "## Sampling", "",
+        "## Sampling",
+        "",
         f"`tinydit sample` uses the recorded settings: {sampling.get('sampler')}, {sampling.get('steps')} steps, "
         f"guidance {_fmt(sampling.get('cfg_scale'))}"
         + (f" on t in {sampling['cfg_interval']}" if sampling.get("cfg_interval") else "")
-        + f" ({sampling.get('source', 'no source')}).", "",
-        "## Metrics", "",
-    ]  # fmt: skip
+        + f" ({sampling.get('source', 'no source')}).",
+        "",
+        "## Metrics",
+        "",
+    ]
+    return "\n".join(lines + _metrics_section(metrics))
+
+
+def _metrics_section(metrics: dict | None) -> list[str]:
+    """The model card's metrics table and how to measure them again, or how to measure them at all."""
+    lines: list[str] = []
     if metrics:
-        shown = {k: v for k, v in metrics.items()
-                 if isinstance(v, (int, float)) and not isinstance(v, bool) and not k.endswith("_seconds")}
+        shown = {
+            k: v
+            for k, v in metrics.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and not k.endswith("_seconds")
+        }
         lines += ["| metric | value |", "|---|---|", *[f"| {k} | {_fmt(v)} |" for k, v in shown.items()], ""]
         how = f"`{metrics['command']}`" if metrics.get("command") else "`tinydit eval --checkpoint THIS_FOLDER`"
-        lines += [f"Measured with {how}, with the recorded sampler settings; `tinydit eval --checkpoint "
-                  f"THIS_FOLDER --n {metrics.get('n_samples', 1000)} --out eval/` measures them again.", ""]
+        lines += [
+            f"Measured with {how}, with the recorded sampler settings; `tinydit eval --checkpoint "
+            f"THIS_FOLDER --n {metrics.get('n_samples', 1000)} --out eval/` measures them again.",
+            "",
+        ]
     else:
-        lines += ["Not measured for this card. Measure them with "
-                  "`tinydit eval --checkpoint THIS_FOLDER --n 1000 --out eval/` (the recorded sampler settings).", ""]
-    return "\n".join(lines)
+        lines += [
+            "Not measured for this card. Measure them with "
+            "`tinydit eval --checkpoint THIS_FOLDER --n 1000 --out eval/` (the recorded sampler settings).",
+            "",
+        ]
+    return lines

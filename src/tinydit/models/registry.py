@@ -13,8 +13,18 @@ from torch import nn
 from tinydit.errors import TinyDiTError
 from tinydit.models import dit as model
 from tinydit.models import mmdit
+from tinydit.models.presets import DEFAULT_DATA_PRESETS, MODEL_PRESETS
 
-__all__ = ["ModelType", "MODEL_TYPES", "model_type", "preset_config", "config_from_dict", "build_model", "type_of"]
+__all__ = [
+    "ModelType",
+    "MODEL_TYPES",
+    "model_type",
+    "preset_config",
+    "config_from_dict",
+    "build_model",
+    "type_of",
+    "preset_rows",
+]
 
 
 @dataclass(frozen=True)
@@ -59,3 +69,38 @@ def build_model(kind: str, config: model.DiTConfig) -> model.DiT:
 def type_of(m: nn.Module) -> str:
     """The registry name of a model instance: "mmdit" or "dit"."""
     return "mmdit" if isinstance(m, mmdit.MMDiT) else "dit"
+
+
+# The shapes captions' tokenizer (16 ids, 8 per caption), for the text models' parameter counts.
+_SHAPES_TEXT = dict(cond="text", vocab_size=16, text_len=8, n_classes=4)
+
+
+def preset_rows() -> list[dict]:
+    """Every model preset with its size: params for 32x32 RGB with 10 classes (class DiTs) and with the
+    shapes captions' text encoder (``params_text``); ``switches``: where it differs from the original DiT;
+    ``default``: the model type's default, ``default_on``: the data sets whose class runs default to it."""
+    base, shown = model.DiTConfig(), ("norm", "qk_norm", "mlp", "pos", "pred", "stem", "head", "skips")
+    rows = []
+    for kind, table in MODEL_PRESETS.items():
+        for name in table:
+            text_fields = _SHAPES_TEXT if kind == "dit" else {k: v for k, v in _SHAPES_TEXT.items() if k != "cond"}
+            cfg = preset_config(kind, name, **text_fields)
+            params = model.count_params(build_model(kind, preset_config(kind, name))) if kind == "dit" else None
+            rows.append(
+                {
+                    "model": kind,
+                    "preset": name,
+                    "params": params,
+                    "params_text": model.count_params(build_model(kind, cfg)),
+                    "dim": cfg.dim,
+                    "depth": cfg.depth,
+                    "single_blocks": getattr(cfg, "single_blocks", 0),
+                    "n_heads": cfg.n_heads,
+                    "patch_size": cfg.patch_size,
+                    "tokens_at_32": (32 // cfg.patch_size) ** 2,
+                    "switches": {k: getattr(cfg, k) for k in shown if getattr(cfg, k) != getattr(base, k)},
+                    "default": name == MODEL_TYPES[kind].default_preset,
+                    "default_on": sorted(d for (m, d, _), p in DEFAULT_DATA_PRESETS.items() if m == kind and p == name),
+                }
+            )
+    return rows

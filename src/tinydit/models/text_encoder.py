@@ -43,8 +43,16 @@ class TextEncoder(nn.Module):
     Padding changes nothing: its tokens are masked out of every key and out of the mean.
     """
 
-    def __init__(self, vocab_size: int, max_len: int, dim: int, depth: int, n_heads: int, mlp: str = "gelu",
-                 mlp_ratio: float = 4.0):  # fmt: skip
+    def __init__(
+        self,
+        vocab_size: int,
+        max_len: int,
+        dim: int,
+        depth: int,
+        n_heads: int,
+        mlp: str = "gelu",
+        mlp_ratio: float = 4.0,
+    ):
         super().__init__()
         self.max_len = max_len
         self.tok_embed = nn.Embedding(vocab_size, dim)
@@ -55,8 +63,9 @@ class TextEncoder(nn.Module):
     def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """ids (N, L) -> ctx (N, L, D), pooled (N, D), keep (N, L)"""
         if ids.dim() != 2 or ids.shape[1] > self.max_len:
-            raise TinyDiTError(f"caption ids must be (N, L) with L <= {self.max_len} (Tokenizer.encode), "
-                               f"got shape {tuple(ids.shape)}")  # fmt: skip
+            raise TinyDiTError(
+                f"caption ids must be (N, L) with L <= {self.max_len} (Tokenizer.encode), got shape {tuple(ids.shape)}"
+            )
         keep = ids != PAD  # (N, L): BOS is never padding, so no row is all False
         mask = keep[:, None, None, :]  # (N, 1, 1, L): broadcast over heads and queries
         x = self.tok_embed(ids) + self.pos_embed[:, : ids.shape[1]]  # (N, L, D)

@@ -58,10 +58,12 @@ class Budget:
             # A new time budget is planned again, unless the old plan's cool-down has begun: then the
             # schedule is fixed, as a `steps` run's is.
             if step > plan["steps"] - plan["cooldown"]:
-                raise TinyDiTError(f"{where} is at step {step}, inside the learning-rate cool-down planned for "
-                                   f"`minutes` {plan['minutes']} (steps {plan['steps']}), so its schedule is fixed: "
-                                   f"finish it with `minutes` {plan['minutes']}, or train another run (`out`, "
-                                   "`overwrite`)")  # fmt: skip
+                raise TinyDiTError(
+                    f"{where} is at step {step}, inside the learning-rate cool-down planned for "
+                    f"`minutes` {plan['minutes']} (steps {plan['steps']}), so its schedule is fixed: "
+                    f"finish it with `minutes` {plan['minutes']}, or train another run (`out`, "
+                    "`overwrite`)"
+                )
             plan = None
         self.plan = plan
         self._start: tuple[int, float] = (step, 0.0)
@@ -102,15 +104,24 @@ class Budget:
         if step == self._start[0] or left > self.cfg.cooldown_frac * (step + left):
             return None
         left = max(left, 1)
-        return {"minutes": self.cfg.minutes, "steps": step + left, "cooldown": left, "planned_at": step,
-                "steps_per_second": round(rate, 3)}  # fmt: skip
+        return {
+            "minutes": self.cfg.minutes,
+            "steps": step + left,
+            "cooldown": left,
+            "planned_at": step,
+            "steps_per_second": round(rate, 3),
+        }
 
     def agree(self, due: dict | None, world, step: int) -> dict:
         """Every rank takes rank 0's plan (``due`` is None on the other ranks)."""
         mine = torch.tensor([due["steps"], due["cooldown"]] if due is not None else [0, 0])
         total, cooldown = (int(v) for v in world.sum(mine).tolist())
-        self.plan = {**(due or {"minutes": self.cfg.minutes, "steps_per_second": None}), "steps": total,
-                     "cooldown": cooldown, "planned_at": step}  # fmt: skip
+        self.plan = {
+            **(due or {"minutes": self.cfg.minutes, "steps_per_second": None}),
+            "steps": total,
+            "cooldown": cooldown,
+            "planned_at": step,
+        }
         return self.plan
 
     def _steps_left(self, step: int, seconds: float) -> tuple[int, float]:

@@ -23,8 +23,14 @@ from tinydit.models.checkpoint import FORMAT, FORMAT_VERSION
 from tinydit.models.registry import config_from_dict, preset_config
 from tinydit.version import __version__
 
-__all__ = ["save_checkpoint", "check_same_run", "check_same_schedule", "model_config_for", "restore",
-           "GracefulInterrupt"]
+__all__ = [
+    "save_checkpoint",
+    "check_same_run",
+    "check_same_schedule",
+    "model_config_for",
+    "restore",
+    "GracefulInterrupt",
+]
 
 
 def save_checkpoint(path: str | Path, state: dict) -> None:
@@ -35,22 +41,26 @@ def save_checkpoint(path: str | Path, state: dict) -> None:
     torch_save(path, payload)
 
 
-def check_same_run(cfg: TrainConfig, state: dict, out: Path, data_name: str | None = None,
-                   preset: str | None = None) -> None:  # fmt: skip
+def check_same_run(
+    cfg: TrainConfig, state: dict, out: Path, data_name: str | None = None, preset: str | None = None
+) -> None:
     """Refuse to continue the run in ``state`` with settings that change what it computes, or a checkpoint
     that lacks what a continuation needs. ``preset``: the run's, where it is not ``cfg``'s (a student's is
     its teacher's)."""
     missing = [k for k in ("model", "ema", "optimizer", "train_seconds", "rng") if k not in state]
     if missing:
-        raise TinyDiTError(f"{out / 'checkpoint.pt'} lacks {', '.join(missing)}, so the run cannot be continued; "
-                           "start afresh with `overwrite` or choose another `out`")  # fmt: skip
+        raise TinyDiTError(
+            f"{out / 'checkpoint.pt'} lacks {', '.join(missing)}, so the run cannot be continued; "
+            "start afresh with `overwrite` or choose another `out`"
+        )
     old = TrainConfig.from_dict(state["train_config"])
     old_data, new_data = state["data"]["name"], data_name or canonical_name(cfg.data)  # both canonical
     new = {name: getattr(cfg, name) for name in TRAJECTORY_FIELDS} | {"preset": preset or cfg.preset}
     changed = [
         f"{name}: {getattr(old, name)!r} -> {new[name]!r}"
         for name in TRAJECTORY_FIELDS
-        if name != "data" and getattr(old, name) != new[name]
+        if name != "data"
+        and getattr(old, name) != new[name]
         # The cool-down's share of a time budget matters only once its plan is made (the decay begins then).
         and not (name == "cooldown_frac" and state.get("plan") is None)
     ]
@@ -83,8 +93,9 @@ def model_config_for(cfg: TrainConfig, fields: dict, state: dict | None, teacher
     even if its preset has changed since (presets follow the ablations); only the data must still fit."""
     if teacher is not None:
         return dataclasses.replace(config_from_dict(cfg.model, teacher["model_config"]), shortcut=True)
-    config = preset_config(cfg.model, cfg.preset, **fields, **cfg.arch_overrides(),
-                           shortcut=cfg.few_step == "shortcut", cond=cfg.cond)  # fmt: skip
+    config = preset_config(
+        cfg.model, cfg.preset, **fields, **cfg.arch_overrides(), shortcut=cfg.few_step == "shortcut", cond=cfg.cond
+    )
     if state is not None:
         stored = config_from_dict(cfg.model, state["model_config"])
         if all(getattr(stored, f) == getattr(config, f) for f in fields):
@@ -92,14 +103,17 @@ def model_config_for(cfg: TrainConfig, fields: dict, state: dict | None, teacher
     return config
 
 
-def restore(state: dict, path: Path, kind: str, config, classes: list[str], model, ema, opt,
-            scaler) -> tuple[int, float]:  # fmt: skip
+def restore(
+    state: dict, path: Path, kind: str, config, classes: list[str], model, ema, opt, scaler
+) -> tuple[int, float]:
     """Load a checkpoint into the run's model, EMA, optimizer and gradient scaler; returns (step, seconds)."""
     if config_from_dict(kind, state["model_config"]) != config:
         raise TinyDiTError(f"{path} holds another model ({state['model_config']}); choose another `out`")
     if state["data"]["classes"] != classes:
-        raise TinyDiTError(f"the classes of the data changed since {path} was written ({state['data']['classes']} "
-                           f"-> {classes}); choose another `out`")  # fmt: skip
+        raise TinyDiTError(
+            f"the classes of the data changed since {path} was written ({state['data']['classes']} "
+            f"-> {classes}); choose another `out`"
+        )
     model.load_state_dict(state["model"])
     ema.load_state_dict(state["ema"])
     opt.load_state_dict(state["optimizer"])
@@ -130,8 +144,10 @@ class GracefulInterrupt:
             raise KeyboardInterrupt
         self.requested = True
         what = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-        print(f"\n{what}: stopping after this step to save a checkpoint (Ctrl-C again to abort without saving)",
-              file=sys.stderr)
+        print(
+            f"\n{what}: stopping after this step to save a checkpoint (Ctrl-C again to abort without saving)",
+            file=sys.stderr,
+        )
 
     def __exit__(self, *exc) -> None:
         for sig, previous in self._previous.items():

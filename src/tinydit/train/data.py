@@ -45,8 +45,9 @@ class RunData:
 
     def model_fields(self) -> dict:
         """What the model config takes from the data: image size, channels, classes, tokenizer sizes."""
-        out = dict(img_size=self.train_set.img_size, in_channels=self.train_set.channels,
-                   n_classes=len(self.train_set.classes))  # fmt: skip
+        out = dict(
+            img_size=self.train_set.img_size, in_channels=self.train_set.channels, n_classes=len(self.train_set.classes)
+        )
         if self.tokenizer is not None:
             out.update(vocab_size=self.tokenizer.vocab_size, text_len=self.tokenizer.max_len)
         return out
@@ -55,8 +56,13 @@ class RunData:
         """What a checkpoint records of the data: its name, classes and image shape (text runs: the grid prompts)."""
         ds = self.train_set
         prompts = {"prompts": list(self.prompts)} if self.tokenizer is not None else {}
-        return {"name": self.name, "classes": list(ds.classes), "channels": ds.channels, "img_size": ds.img_size,
-                **prompts}  # fmt: skip
+        return {
+            "name": self.name,
+            "classes": list(ds.classes),
+            "channels": ds.channels,
+            "img_size": ds.img_size,
+            **prompts,
+        }
 
     def batch(self, train: bool, idx: torch.Tensor, generator=None, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
         """Images (N, C, H, W) and their conditions: labels (N,), or caption ids (N, L) in text runs."""
@@ -94,13 +100,17 @@ def cache_dataset(dataset: Dataset, flip: bool, desc: str) -> CachedDataset:
         raise TinyDiTError(f"the {type(dataset).__name__} given to train on is empty")
     x0, _ = dataset[0]
     if not (torch.is_tensor(x0) and x0.dim() == 3 and x0.shape[1] == x0.shape[2] and x0.is_floating_point()):
-        raise TinyDiTError(f"`dataset` must yield (image, label) with the image a float tensor (C, H, W), H = W, in "
-                           f"[-1, 1]; its first image is {getattr(x0, 'shape', type(x0).__name__)}")  # fmt: skip
+        raise TinyDiTError(
+            f"`dataset` must yield (image, label) with the image a float tensor (C, H, W), H = W, in "
+            f"[-1, 1]; its first image is {getattr(x0, 'shape', type(x0).__name__)}"
+        )
     ds = CachedDataset.from_dataset(dataset, classes=[], flip=flip, desc=desc)
     classes = list(getattr(dataset, "classes", None) or [str(i) for i in range(int(ds.labels.max()) + 1)])
     if int(ds.labels.min()) < 0 or int(ds.labels.max()) >= len(classes):
-        raise TinyDiTError(f"`dataset` labels must lie in 0..{len(classes) - 1} (its `classes`), got "
-                           f"{int(ds.labels.min())}..{int(ds.labels.max())}")  # fmt: skip
+        raise TinyDiTError(
+            f"`dataset` labels must lie in 0..{len(classes) - 1} (its `classes`), got "
+            f"{int(ds.labels.min())}..{int(ds.labels.max())}"
+        )
     ds.classes = classes
     ds.captions = class_captions(ds.labels.tolist(), classes)
     return ds
@@ -113,18 +123,21 @@ def canonical_data(cfg: TrainConfig, dataset: Dataset | None) -> str:
 
 def _datasets(cfg: TrainConfig, dataset: Dataset | None, val_dataset: Dataset | None):
     if dataset is None:
-        return (canonical_data(cfg, None),
-                load_dataset(cfg.data, train=True, root=cfg.data_root, limit=None if cfg.classes else cfg.limit),
-                load_dataset(cfg.data, train=False, root=cfg.data_root,
-                             limit=None if cfg.classes else cfg.val_size))  # fmt: skip
+        return (
+            canonical_data(cfg, None),
+            load_dataset(cfg.data, train=True, root=cfg.data_root, limit=None if cfg.classes else cfg.limit),
+            load_dataset(cfg.data, train=False, root=cfg.data_root, limit=None if cfg.classes else cfg.val_size),
+        )
     train = cache_dataset(dataset, flip=True, desc="decoding the training set")
     if val_dataset is not None:
         val = cache_dataset(val_dataset, flip=False, desc="decoding the validation set")
     else:
         held = torch.arange(len(train)) % VAL_EVERY == VAL_EVERY - 1
         if not held.any():
-            warnings.warn(f"{len(train)} images are too few to hold any out: the validation loss is measured on "
-                          "training images", stacklevel=3)  # fmt: skip
+            warnings.warn(
+                f"{len(train)} images are too few to hold any out: the validation loss is measured on training images",
+                stacklevel=3,
+            )
             held = torch.ones(len(train), dtype=torch.bool)
         val = train.subset(torch.nonzero(held).flatten(), flip=False)
         train = train.subset(torch.nonzero(~held).flatten()) if not held.all() else train
@@ -142,8 +155,10 @@ def only_classes(ds: CachedDataset, spec: str) -> CachedDataset:
     for item in (s.strip() for s in spec.split(",") if s.strip()):
         i = int(item) if item.isdigit() and int(item) < len(ds.classes) else lookup.get(item.lower())
         if i is None:
-            raise TinyDiTError(f"unknown class {item!r} in `classes`: the data has {', '.join(ds.classes)} "
-                               f"(or ids 0-{len(ds.classes) - 1})")  # fmt: skip
+            raise TinyDiTError(
+                f"unknown class {item!r} in `classes`: the data has {', '.join(ds.classes)} "
+                f"(or ids 0-{len(ds.classes) - 1})"
+            )
         if i not in wanted:
             wanted.append(i)
     keep = torch.nonzero(torch.isin(ds.labels, torch.tensor(wanted))).flatten()
@@ -154,8 +169,9 @@ def only_classes(ds: CachedDataset, spec: str) -> CachedDataset:
     return out
 
 
-def prepare_data(cfg: TrainConfig, state: dict | None = None, dataset: Dataset | None = None,
-                 val_dataset: Dataset | None = None) -> RunData:  # fmt: skip
+def prepare_data(
+    cfg: TrainConfig, state: dict | None = None, dataset: Dataset | None = None, val_dataset: Dataset | None = None
+) -> RunData:
     """The run's data: ``cfg.data`` by name, or ``dataset`` (and ``val_dataset``) given from Python."""
     name, train_set, val_set = _datasets(cfg, dataset, val_dataset)
     if cfg.classes is not None:  # filtered first, so that `limit` and `val_size` count the classes kept
@@ -168,8 +184,9 @@ def prepare_data(cfg: TrainConfig, state: dict | None = None, dataset: Dataset |
         return data
     data.train_set, data.n_held_out = _hold_out(train_set, cfg.held_out_phrases(), cfg.holdout)
     stored = state.get("tokenizer") if state is not None else None
-    data.tokenizer = (Tokenizer.from_dict(stored) if stored is not None
-                      else Tokenizer.from_captions(data.train_set.captions))  # fmt: skip
+    data.tokenizer = (
+        Tokenizer.from_dict(stored) if stored is not None else Tokenizer.from_captions(data.train_set.captions)
+    )
     data.train_tokens = data.tokenizer.encode(data.train_set.captions)
     data.val_tokens = data.tokenizer.encode(val_set.captions, warn=False)  # unseen words: <unk>
     # The sample grids' rows: for shapes a fixed list (held-out combinations included), else the first 8
@@ -185,8 +202,9 @@ def _hold_out(ds: CachedDataset, phrases: tuple[str, ...], spec: str | None) -> 
     held = [holds_phrase(c, phrases) for c in ds.captions]
     for phrase in phrases:
         if not any(holds_phrase(c, (phrase,)) for c, h in zip(ds.captions, held, strict=True) if h):
-            warnings.warn(f"`holdout` phrase {phrase!r} matches no training caption, so it holds nothing out",
-                          stacklevel=4)  # fmt: skip
+            warnings.warn(
+                f"`holdout` phrase {phrase!r} matches no training caption, so it holds nothing out", stacklevel=4
+            )
     keep = [i for i, h in enumerate(held) if not h]
     if not keep:
         raise TinyDiTError(f"`holdout` {spec!r} removes every training image; hold out less")

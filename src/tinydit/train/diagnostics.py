@@ -23,8 +23,9 @@ VAL_SEED = 1234  # fixed noise for the validation loss, the same in every run
 
 
 @torch.no_grad()
-def validation_losses(model: nn.Module, data: RunData, device: torch.device,
-                      val_paths: TeacherPaths | None = None) -> tuple[float, list[float]]:  # fmt: skip
+def validation_losses(
+    model: nn.Module, data: RunData, device: torch.device, val_paths: TeacherPaths | None = None
+) -> tuple[float, list[float]]:
     """The loss on the fixed held-out images with fixed noise and one fixed time per image spread evenly
     over [0, 1], and the same loss in N_T_BINS equal bins of t (each bin holds as many images).
     Distillation: the student's loss on the teacher's validation paths, and the same for each step
@@ -54,8 +55,16 @@ def validation_losses(model: nn.Module, data: RunData, device: torch.device,
 
 
 @torch.no_grad()
-def sample_grid(forward, data: RunData, config, noise_gen: torch.Generator, device: torch.device, settings: dict,
-                paths: list[Path], per_class: int = 8) -> None:  # fmt: skip
+def sample_grid(
+    forward,
+    data: RunData,
+    config,
+    noise_gen: torch.Generator,
+    device: torch.device,
+    settings: dict,
+    paths: list[Path],
+    per_class: int = 8,
+) -> None:
     """Samples from fixed noise (drawn from ``noise_gen``) with the sampler ``settings`` (a sampling
     record, ``tinydit.flow.records.split_sampling``), written to each of ``paths``: one column per class,
     or in text runs one row of ``per_class`` images per prompt of ``data.prompts``."""

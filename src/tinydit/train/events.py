@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 
 from tinydit.errors import TinyDiTError
-from tinydit.eval.evaluate import default_best_metric, lower_is_better, score_model
+from tinydit.eval.evaluate import default_best_metric, lower_is_better
+from tinydit.eval.sampling import score_model
 from tinydit.flow.path import N_T_BINS, t_bins
 from tinydit.flow.records import split_sampling
 from tinydit.runtime import autocast
@@ -57,8 +58,15 @@ class Window:
         img_s = (step - self.step) * trainer.batch_size / max(now - self.started, 1e-9)
         loss = world.sum(self.loss / self.n) / world.size
         by_t = world.sum(self.bin_loss) / world.sum(self.bin_count)
-        trainer.log.window(step, loss.item(), img_s, trainer.budget.lr_at(step - 1), seconds, by_t,
-                           trainer.budget.seconds_left(seconds))  # fmt: skip
+        trainer.log.window(
+            step,
+            loss.item(),
+            img_s,
+            trainer.budget.lr_at(step - 1),
+            seconds,
+            by_t,
+            trainer.budget.seconds_left(seconds),
+        )
         self.bin_loss.zero_(), self.bin_count.zero_(), self.loss.zero_()
         self.n, self.started, self.step = 0, now, step
         return by_t
@@ -69,8 +77,10 @@ def best_metric(cfg, data_name: str, text: bool) -> tuple[str, bool]:
     try:
         metric, _ = default_best_metric(data_name, text)
     except TinyDiTError as err:
-        raise TinyDiTError(f"`eval_every` scores samples with an offline feature network, which fashion-mnist and "
-                           f"shapes have and {data_name} has not ({err})") from None  # fmt: skip
+        raise TinyDiTError(
+            f"`eval_every` scores samples with an offline feature network, which fashion-mnist and "
+            f"shapes have and {data_name} has not ({err})"
+        ) from None
     if cfg.best_metric != "auto":
         metric = cfg.best_metric
     return metric, lower_is_better(metric)
@@ -125,8 +135,14 @@ class Events:
         self.val = tr.validation_losses(tr.run.model)[0]
         self.val_ema, self.by_t = tr.validation_losses(tr.run.ema)
         key = "val_loss_ema_by_steps" if tr.teacher is not None else "val_loss_ema_by_t"
-        tr.log.record({"step": tr.run.step, "val_loss": self.val, "val_loss_ema": self.val_ema,
-                       key: [round(v, 5) for v in self.by_t]})  # fmt: skip
+        tr.log.record(
+            {
+                "step": tr.run.step,
+                "val_loss": self.val,
+                "val_loss_ema": self.val_ema,
+                key: [round(v, 5) for v in self.by_t],
+            }
+        )
 
     def sample_grid(self) -> Path:
         """EMA samples from the same noise at every step, into samples/step_NNNNNN.png and samples.png."""
@@ -137,12 +153,22 @@ class Events:
         elif cfg.sample_steps is None and cfg.sample_cfg is None:  # what `tinydit sample` will draw
             settings = rec
         else:
-            settings = {"sampler": "euler", "steps": cfg.sample_steps or rec["steps"],
-                        "cfg_scale": rec["cfg_scale"] if cfg.sample_cfg is None else cfg.sample_cfg}  # fmt: skip
+            settings = {
+                "sampler": "euler",
+                "steps": cfg.sample_steps or rec["steps"],
+                "cfg_scale": rec["cfg_scale"] if cfg.sample_cfg is None else cfg.sample_cfg,
+            }
         path = tr.out / "samples" / f"step_{tr.run.step:06d}.png"
         with autocast(tr.device, tr.precision):
-            sample_grid(tr.run.ema_forward, tr.data, tr.model_config, optim.step_generator(cfg.seed, 31), tr.device,
-                        settings, [path, tr.out / "samples.png"])  # fmt: skip
+            sample_grid(
+                tr.run.ema_forward,
+                tr.data,
+                tr.model_config,
+                optim.step_generator(cfg.seed, 31),
+                tr.device,
+                settings,
+                [path, tr.out / "samples.png"],
+            )
         tr.log.image("samples", tr.run.step, path)
         self.samples = path
         return path
@@ -155,21 +181,41 @@ class Events:
         t0 = Clock.now()
         metric, lower = tr.best_metric  # chosen once, when the run was set up
         sampler, steps, cfg_scale, options = split_sampling(tr.sampling)
-        state = {"data": {"name": tr.data.name, "classes": tr.data.train_set.classes},
-                 "train_config": tr.cfg.to_dict(), "tokenizer": tr.data.tokenizer.to_dict() if tr.text else None}
+        state = {
+            "data": {"name": tr.data.name, "classes": tr.data.train_set.classes},
+            "train_config": tr.cfg.to_dict(),
+            "tokenizer": tr.data.tokenizer.to_dict() if tr.text else None,
+        }
         with autocast(tr.device, tr.precision):  # the run's precision: its scores follow the run, not the machine
-            metrics = score_model(tr.run.ema_forward, state, tr.cfg.eval_n, steps, cfg_scale, seed=tr.cfg.seed,
-                                  root=tr.cfg.data_root, progress=tr.progress, sampler=sampler,
-                                  **options)  # fmt: skip
+            metrics = score_model(
+                tr.run.ema_forward,
+                state,
+                tr.cfg.eval_n,
+                steps,
+                cfg_scale,
+                seed=tr.cfg.seed,
+                root=tr.cfg.data_root,
+                progress=tr.progress,
+                sampler=sampler,
+                **options,
+            )
         if metric not in metrics:
-            raise TinyDiTError(f"`best_metric` {metric!r} is not among the evaluation's metrics "
-                               f"({', '.join(sorted(metrics))})")  # fmt: skip
+            raise TinyDiTError(
+                f"`best_metric` {metric!r} is not among the evaluation's metrics ({', '.join(sorted(metrics))})"
+            )
         value = metrics[metric]
         best = tr.best is None or (value < tr.best["value"] if lower else value > tr.best["value"])
         if best:
             tr.best = {"metric": metric, "value": value, "step": tr.run.step}
             save_checkpoint(tr.out / "best.pt", tr.state_dict())
         seconds = Clock.now() - t0
-        tr.log.record({"step": tr.run.step, **{f"eval/{k}": v for k, v in metrics.items()}, "eval_seconds": seconds,
-                       "best_metric": metric, "eval_best": best})  # fmt: skip
+        tr.log.record(
+            {
+                "step": tr.run.step,
+                **{f"eval/{k}": v for k, v in metrics.items()},
+                "eval_seconds": seconds,
+                "best_metric": metric,
+                "eval_best": best,
+            }
+        )
         return seconds

@@ -57,14 +57,25 @@ class RunLog:
         if self.board is not None:
             self.board.flush()
 
-    def window(self, step: int, loss: float, img_s: float, lr: float, seconds: float, by_t: torch.Tensor,
-               left: float | None) -> None:  # fmt: skip
+    def window(
+        self, step: int, loss: float, img_s: float, lr: float, seconds: float, by_t: torch.Tensor, left: float | None
+    ) -> None:
         """Log the loss (overall and per bin of t: NaN where no time fell), rate and time of a window."""
         if not math.isfinite(loss):
-            raise TinyDiTError(f"the training loss became {loss} by step {step}; the last good checkpoint is kept. "
-                               "Lower `lr` (or raise `warmup`) and start again with `overwrite`")  # fmt: skip
-        self.record({"step": step, "loss": loss, "lr": lr, "img_per_s": img_s, "train_seconds": seconds,
-                     "loss_by_t": [round(v, 5) if math.isfinite(v) else None for v in by_t.tolist()]})  # fmt: skip
+            raise TinyDiTError(
+                f"the training loss became {loss} by step {step}; the last good checkpoint is kept. "
+                "Lower `lr` (or raise `warmup`) and start again with `overwrite`"
+            )
+        self.record(
+            {
+                "step": step,
+                "loss": loss,
+                "lr": lr,
+                "img_per_s": img_s,
+                "train_seconds": seconds,
+                "loss_by_t": [round(v, 5) if math.isfinite(v) else None for v in by_t.tolist()],
+            }
+        )
         self.bar.set(loss=f"{loss:.4f}", **{"img/s": f"{img_s:.0f}"}, **({"left": left} if left is not None else {}))
 
     def say(self, message: str) -> None:
@@ -80,11 +91,15 @@ class RunLog:
             what = f"{trainer.preset}, text-conditioned," if cfg.cond == "text" else trainer.preset
             held = f", {data.n_held_out} held out: {cfg.holdout}" if data.n_held_out else ""
             ds, params = data.train_set, count_params(trainer.run.model)
-            self.say(f"training {what} ({params / 1e6:.2f}M parameters) on {data.name} ({len(ds)} images, "
-                     f"{ds.channels}x{ds.img_size}x{ds.img_size}{held}) on {device}; run directory {trainer.out}")
+            self.say(
+                f"training {what} ({params / 1e6:.2f}M parameters) on {data.name} ({len(ds)} images, "
+                f"{ds.channels}x{ds.img_size}x{ds.img_size}{held}) on {device}; run directory {trainer.out}"
+            )
         if trainer.compiled and cfg.compile == "auto" and device.type == "cpu":
-            self.say(f"compiling the model: a CPU run of {cfg.minutes:g} minutes wins back the first minute it "
-                     "takes (--compile off to skip)")
+            self.say(
+                f"compiling the model: a CPU run of {cfg.minutes:g} minutes wins back the first minute it "
+                "takes (--compile off to skip)"
+            )
 
     def write_config(self, trainer) -> None:
         """``config.json`` of a ``tinydit.train.Trainer``'s run: the resolved training and model config, what
@@ -93,23 +108,37 @@ class RunLog:
         cfg, data, model_config = trainer.cfg, trainer.data, trainer.model_config
         text = None
         if data.tokenizer is not None:
-            text = {"vocab_size": data.tokenizer.vocab_size, "text_len": data.tokenizer.max_len,
-                    "holdout": list(cfg.held_out_phrases()), "held_out_images": data.n_held_out,
-                    "grid_prompts": data.prompts}  # fmt: skip
-        resolved = {"train": {**cfg.to_dict(), "preset": trainer.preset}, "model_type": cfg.model,
-                    "model": model_config.to_dict(),
-                    "data": {"name": data.name, "classes": data.train_set.classes, "train_images": len(data.train_set)},
-                    "params": count_params(trainer.run.model), "device": str(trainer.device),
-                    "processes": trainer.world.size, "precision": trainer.precision, "compile": trainer.compiled,
-                    "kernels": trainer.run.kernels(), "tinydit_version": __version__,
-                    "torch_version": torch.__version__, **({"text": text} if text is not None else {})}  # fmt: skip
+            text = {
+                "vocab_size": data.tokenizer.vocab_size,
+                "text_len": data.tokenizer.max_len,
+                "holdout": list(cfg.held_out_phrases()),
+                "held_out_images": data.n_held_out,
+                "grid_prompts": data.prompts,
+            }
+        resolved = {
+            "train": {**cfg.to_dict(), "preset": trainer.preset},
+            "model_type": cfg.model,
+            "model": model_config.to_dict(),
+            "data": {"name": data.name, "classes": data.train_set.classes, "train_images": len(data.train_set)},
+            "params": count_params(trainer.run.model),
+            "device": str(trainer.device),
+            "processes": trainer.world.size,
+            "precision": trainer.precision,
+            "compile": trainer.compiled,
+            "kernels": trainer.run.kernels(),
+            "tinydit_version": __version__,
+            "torch_version": torch.__version__,
+            **({"text": text} if text is not None else {}),
+        }
         write_text(self.path.parent / "config.json", json.dumps(resolved, indent=2) + "\n")
 
     def report(self, trainer) -> None:
         """The closing lines of a ``tinydit.train.Trainer``'s run: its validation losses and files."""
         events, run = trainer.events, trainer.run
-        self.say(f"step {run.step}: val loss {events.val:.4f} (EMA {events.val_ema:.4f}) after "
-                 f"{run.train_seconds / 60:.1f} min; checkpoint {trainer.ckpt_path}, samples {events.samples}")
+        self.say(
+            f"step {run.step}: val loss {events.val:.4f} (EMA {events.val_ema:.4f}) after "
+            f"{run.train_seconds / 60:.1f} min; checkpoint {trainer.ckpt_path}, samples {events.samples}"
+        )
         by_t = events.by_t
         if trainer.teacher is not None:  # a distilled student: its losses by step count
             pairs = zip(distill.STUDENT_STEPS, by_t, strict=True)

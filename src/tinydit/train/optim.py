@@ -15,8 +15,9 @@ from tinydit.config import TrainConfig
 __all__ = ["adamw", "ema_update", "lr_at", "ema_decay_at", "step_generator"]
 
 
-def adamw(params, device: torch.device, lr: float, weight_decay: float = 0.0,
-          fused: bool | None = None) -> torch.optim.AdamW:  # fmt: skip
+def adamw(
+    params, device: torch.device, lr: float, weight_decay: float = 0.0, fused: bool | None = None
+) -> torch.optim.AdamW:
     """The trainer's AdamW (betas 0.9, 0.99); ``fused`` None: PyTorch's fused kernel where it has one (CPU, CUDA).
 
     The fused kernel does one pass over all parameters instead of a loop per tensor, which is faster.

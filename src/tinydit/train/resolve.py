@@ -22,8 +22,16 @@ from tinydit.flow.samplers import FIXED_STEP_SAMPLERS, check_sampler_args
 from tinydit.models.presets import MLPS, MODEL_CONDS, MODEL_PRESETS, NORMS, POSITIONS, PREDICTIONS, default_preset
 from tinydit.tokens import parse_phrases
 
-__all__ = ["resolve", "CHOICES", "SHAPES_HOLDOUT", "NOISEWARD_SHIFT", "BUDGET_COOLDOWN_FRAC", "DEFAULT_STEPS",
-           "DEFAULT_BATCH_SIZES", "DEFAULT_LRS"]  # fmt: skip
+__all__ = [
+    "resolve",
+    "CHOICES",
+    "SHAPES_HOLDOUT",
+    "NOISEWARD_SHIFT",
+    "BUDGET_COOLDOWN_FRAC",
+    "DEFAULT_STEPS",
+    "DEFAULT_BATCH_SIZES",
+    "DEFAULT_LRS",
+]
 
 # Caption combinations a shapes text run never sees unless told otherwise (`holdout`): prompt adherence
 # on them measures compositional generalisation (tinydit.eval.adherence).
@@ -44,9 +52,15 @@ DEFAULT_LRS = {"shapes": 2e-3}
 # The values each TrainConfig field with a closed set takes, from its owner, for the CLI's --help (the
 # architecture switches are checked where the model's config is built, tinydit.models.dit_config).
 CHOICES: dict[str, tuple[str, ...]] = {
-    "model": tuple(MODEL_CONDS), "t_sampling": T_SAMPLINGS, "teacher_sampler": FIXED_STEP_SAMPLERS, "norm": NORMS,
-    "mlp": MLPS, "pos": POSITIONS, "pred": PREDICTIONS, **CONFIG_CHOICES,
-}  # fmt: skip
+    "model": tuple(MODEL_CONDS),
+    "t_sampling": T_SAMPLINGS,
+    "teacher_sampler": FIXED_STEP_SAMPLERS,
+    "norm": NORMS,
+    "mlp": MLPS,
+    "pos": POSITIONS,
+    "pred": PREDICTIONS,
+    **CONFIG_CHOICES,
+}
 
 
 def resolve(cfg: TrainConfig) -> TrainConfig:
@@ -63,8 +77,9 @@ def resolve(cfg: TrainConfig) -> TrainConfig:
         raise TinyDiTError(f"`model` {cfg.model} takes `cond` {' or '.join(conds)}, got {cond!r}{hint}")
     preset = default_preset(cfg.model, data, cond) if cfg.preset is None else cfg.preset
     if preset not in MODEL_PRESETS[cfg.model]:
-        raise TinyDiTError(f"unknown preset {preset!r} for `model` {cfg.model}: use one of "
-                           f"{', '.join(MODEL_PRESETS[cfg.model])}")  # fmt: skip
+        raise TinyDiTError(
+            f"unknown preset {preset!r} for `model` {cfg.model}: use one of {', '.join(MODEL_PRESETS[cfg.model])}"
+        )
     rgb_class = cond == "class" and data != "fashion-mnist"
     steps = DEFAULT_STEPS if cfg.steps is None and cfg.minutes is None else cfg.steps
     cooldown_frac = cfg.cooldown_frac
@@ -73,12 +88,17 @@ def resolve(cfg: TrainConfig) -> TrainConfig:
     if cfg.few_step == "distill":
         _check_teacher(cfg, cond)
     return replace(
-        cfg, cond=cond, preset=preset, holdout=_holdout(cfg.holdout, cond, data), steps=steps,
+        cfg,
+        cond=cond,
+        preset=preset,
+        holdout=_holdout(cfg.holdout, cond, data),
+        steps=steps,
         cooldown_frac=cooldown_frac,
         t_sampling=cfg.t_sampling or ("logit-normal" if cond == "text" or rgb_class else "uniform"),
         t_shift=cfg.t_shift or (NOISEWARD_SHIFT if rgb_class else 1.0),
-        batch_size=cfg.batch_size or DEFAULT_BATCH_SIZES.get(data, 128), lr=cfg.lr or DEFAULT_LRS.get(data, 1e-3),
-    )  # fmt: skip
+        batch_size=cfg.batch_size or DEFAULT_BATCH_SIZES.get(data, 128),
+        lr=cfg.lr or DEFAULT_LRS.get(data, 1e-3),
+    )
 
 
 def _check_teacher(cfg: TrainConfig, cond: str) -> None:
@@ -88,8 +108,10 @@ def _check_teacher(cfg: TrainConfig, cond: str) -> None:
     if cfg.teacher_sampler not in FIXED_STEP_SAMPLERS:
         raise TinyDiTError(f"`teacher_sampler` must be {', '.join(FIXED_STEP_SAMPLERS)}, got {cfg.teacher_sampler!r}")
     if cfg.teacher_steps < 1 or cfg.teacher_steps % KNOTS:
-        raise TinyDiTError(f"`teacher_steps` must be a positive multiple of {KNOTS} (the teacher's path is "
-                           f"kept at t = k/{KNOTS}), got {cfg.teacher_steps}")  # fmt: skip
+        raise TinyDiTError(
+            f"`teacher_steps` must be a positive multiple of {KNOTS} (the teacher's path is "
+            f"kept at t = k/{KNOTS}), got {cfg.teacher_steps}"
+        )
     check_sampler_args(cfg.teacher_steps, cfg.teacher_cfg, cfg.teacher_sampler, cfg_interval=cfg.teacher_cfg_interval)
 
 
@@ -97,8 +119,10 @@ def _holdout(holdout: str | None, cond: str, data: str) -> str | None:
     """The held-out phrases, written out in full ("" for none) for text runs; None for class runs."""
     if cond != "text":
         if holdout not in (None, "", "none"):
-            raise TinyDiTError(f"`holdout` {holdout!r} removes captioned combinations from a text run; "
-                               "add `cond` text (or `model` mmdit), or drop `holdout`")  # fmt: skip
+            raise TinyDiTError(
+                f"`holdout` {holdout!r} removes captioned combinations from a text run; "
+                "add `cond` text (or `model` mmdit), or drop `holdout`"
+            )
         return None
     if holdout is None:
         return SHAPES_HOLDOUT if data == "shapes" else ""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,7 +24,19 @@ from tinydit.runtime import autocast, make_grad_scaler, maybe_compile
 from tinydit.train import optim
 from tinydit.train.checkpoint import restore
 
-__all__ = ["Run"]
+__all__ = ["Run", "TrainResult"]
+
+
+@dataclass
+class TrainResult:
+    """What ``Trainer.fit`` returns: the last step, the training time, the final validation losses and files."""
+
+    step: int
+    train_seconds: float
+    val_loss: float | None
+    val_loss_ema: float | None
+    checkpoint: Path
+    samples: Path | None
 
 
 class Run:
@@ -36,16 +49,27 @@ class Run:
     rank) needs none.
     """
 
-    def __init__(self, kind: str, config, cfg: TrainConfig, device: torch.device, precision: str, world,
-                 compiled: bool, student_of: dict | None = None, unfused: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        kind: str,
+        config,
+        cfg: TrainConfig,
+        device: torch.device,
+        precision: str,
+        world,
+        compiled: bool,
+        student_of: dict | None = None,
+        unfused: bool = False,
+    ):
         self.cfg = cfg
         torch.manual_seed(cfg.seed)
         self.model = build_model(kind, config).to(device)  # fp32 master weights, saved as they are
         if student_of is not None:
             distill.init_student(self.model, student_of)
         self.ema = copy.deepcopy(self.model).requires_grad_(False).eval()
-        self.opt = optim.adamw(self.model.parameters(), device, cfg.lr, cfg.weight_decay,
-                               fused=False if unfused else None)  # fmt: skip
+        self.opt = optim.adamw(
+            self.model.parameters(), device, cfg.lr, cfg.weight_decay, fused=False if unfused else None
+        )
         self.scaler = make_grad_scaler(device, precision)
         ddp = None
         if world.active:
@@ -60,8 +84,9 @@ class Run:
         """Continue from a checkpoint's weights, EMA, optimizer, scaler, step and seconds. A continuation on
         the same kind of device in the same precision also keeps its token-linear kernel: the
         alternatives round differently."""
-        self.step, self.train_seconds = restore(state, path, kind, config, classes, self.model, self.ema, self.opt,
-                                                self.scaler)  # fmt: skip
+        self.step, self.train_seconds = restore(
+            state, path, kind, config, classes, self.model, self.ema, self.opt, self.scaler
+        )
         saved = state.get("kernels")
         if saved is not None and (saved["device"], saved["precision"]) == (self.device.type, self.precision):
             self.linear_kernel = saved["token_linears"]
@@ -93,11 +118,22 @@ class Run:
         return loss.detach()
 
     def state_dict(self) -> dict:
-        """The weights, EMA, optimizer, scaler, step and seconds: a checkpoint's changing part. Refuses
+        """The weights, EMA, optimizer, scaler, step, seconds and random state: a checkpoint's changing part. Refuses
         weights that went non-finite, so the last good checkpoint is kept."""
         if not all(torch.isfinite(p).all() for p in self.model.parameters()):
-            raise TinyDiTError(f"the weights became NaN or infinite by step {self.step}; the last good checkpoint is "
-                               "kept. Lower `lr` (or raise `warmup`) and start again with `overwrite`")  # fmt: skip
-        return {"model": unwrap(self.model).state_dict(), "ema": unwrap(self.ema).state_dict(),
-                "optimizer": self.opt.state_dict(), "grad_scaler": self.scaler.state_dict(), "step": self.step,
-                "train_seconds": self.train_seconds}  # fmt: skip
+            raise TinyDiTError(
+                f"the weights became NaN or infinite by step {self.step}; the last good checkpoint is "
+                "kept. Lower `lr` (or raise `warmup`) and start again with `overwrite`"
+            )
+        return {
+            "model": unwrap(self.model).state_dict(),
+            "ema": unwrap(self.ema).state_dict(),
+            "optimizer": self.opt.state_dict(),
+            "grad_scaler": self.scaler.state_dict(),
+            "step": self.step,
+            "train_seconds": self.train_seconds,
+            "rng": {
+                "torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            },
+        }

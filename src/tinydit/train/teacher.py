@@ -75,15 +75,23 @@ def teacher_paths(
     bar = Progress(n, "teacher paths", unit="path", enabled=progress)
     for i in range(0, n, batch_size):
         with autocast_ctx() if autocast_ctx is not None else nullcontext():
-            path, nfe = sample_path(sampler, teacher, noise[i : i + batch_size].to(device),
-                                    y[i : i + batch_size].to(device), KNOTS, steps_per_knot, cfg_scale,
-                                    cfg_interval=cfg_interval)  # fmt: skip
+            path, nfe = sample_path(
+                sampler,
+                teacher,
+                noise[i : i + batch_size].to(device),
+                y[i : i + batch_size].to(device),
+                KNOTS,
+                steps_per_knot,
+                cfg_scale,
+                cfg_interval=cfg_interval,
+            )
         states[i : i + batch_size] = path.transpose(0, 1).float().cpu().to(torch.float16)  # (b, KNOTS + 1, C, H, W)
         bar.update(len(path[0]))
     bar.close()
     if not torch.isfinite(states).all():
-        raise TinyDiTError("the teacher's paths hold NaN or infinite values; check the teacher checkpoint and "
-                           "its guidance scale")  # fmt: skip
+        raise TinyDiTError(
+            "the teacher's paths hold NaN or infinite values; check the teacher checkpoint and its guidance scale"
+        )
     return TeacherPaths(states, y, nfe, time.perf_counter() - started)
 
 
@@ -92,11 +100,14 @@ def load_teacher(path: str, model_type: str, data_name: str) -> dict:
     teacher = load_checkpoint(path)
     kind, cond = teacher.get("model_type", "dit"), teacher["model_config"].get("cond", "class")
     if kind != model_type or cond != "class":
-        raise TinyDiTError(f"`teacher` {path} is a {kind} conditioned on {cond}; distillation needs a "
-                           f"class-conditional {model_type}")  # fmt: skip
+        raise TinyDiTError(
+            f"`teacher` {path} is a {kind} conditioned on {cond}; distillation needs a class-conditional {model_type}"
+        )
     if teacher["data"]["name"] != data_name:
-        raise TinyDiTError(f"`teacher` {path} was trained on {teacher['data']['name']}, not {data_name}; "
-                           f"pass `data` {teacher['data']['name']}")  # fmt: skip
+        raise TinyDiTError(
+            f"`teacher` {path} was trained on {teacher['data']['name']}, not {data_name}; "
+            f"pass `data` {teacher['data']['name']}"
+        )
     return teacher
 
 
@@ -104,9 +115,17 @@ def run_paths(cfg, teacher_state: dict, cache: Path, device, precision: str, pro
     """A run's training and validation paths (``cfg.distill_paths`` and ``cfg.val_size`` of them, from
     two seeds derived from ``cfg.seed``): sampled once with the run's ``teacher_*`` settings, then read
     from ``cache``. Returns two ``TeacherPaths``."""
-    settings = {"teacher": str(cfg.teacher), "sampler": cfg.teacher_sampler, "steps": cfg.teacher_steps,
-                "cfg": cfg.teacher_cfg, "cfg_interval": list(cfg.teacher_cfg_interval), "n": cfg.distill_paths,
-                "val": cfg.val_size, "seed": cfg.seed, "knots": KNOTS}  # fmt: skip
+    settings = {
+        "teacher": str(cfg.teacher),
+        "sampler": cfg.teacher_sampler,
+        "steps": cfg.teacher_steps,
+        "cfg": cfg.teacher_cfg,
+        "cfg_interval": list(cfg.teacher_cfg_interval),
+        "n": cfg.distill_paths,
+        "val": cfg.val_size,
+        "seed": cfg.seed,
+        "knots": KNOTS,
+    }
     if cache.exists():
         stored = torch.load(cache, weights_only=True)
         if stored["settings"] == settings:
@@ -114,19 +133,31 @@ def run_paths(cfg, teacher_state: dict, cache: Path, device, precision: str, pro
         warnings.warn(f"{cache} was sampled with other settings; sampling the teacher's paths again", stacklevel=2)
     teacher, _ = load_model(teacher_state, map_location=device)
     lo, hi = cfg.teacher_cfg_interval
-    print(f"sampling {cfg.distill_paths} + {cfg.val_size} paths of the teacher {cfg.teacher} ({cfg.teacher_sampler}, "
-          f"{cfg.teacher_steps} steps, guidance {cfg.teacher_cfg:g} for t in [{lo:g}, {hi:g}])", file=sys.stderr)
+    print(
+        f"sampling {cfg.distill_paths} + {cfg.val_size} paths of the teacher {cfg.teacher} ({cfg.teacher_sampler}, "
+        f"{cfg.teacher_steps} steps, guidance {cfg.teacher_cfg:g} for t in [{lo:g}, {hi:g}])",
+        file=sys.stderr,
+    )
     runs = {
-        split: teacher_paths(teacher, n, seed=cfg.seed * 1_000_003 + 4243 + key, sampler=cfg.teacher_sampler,
-                             steps_per_knot=cfg.teacher_steps // KNOTS, cfg_scale=cfg.teacher_cfg,
-                             cfg_interval=cfg.teacher_cfg_interval, autocast_ctx=lambda: autocast(device, precision),
-                             progress=progress)
+        split: teacher_paths(
+            teacher,
+            n,
+            seed=cfg.seed * 1_000_003 + 4243 + key,
+            sampler=cfg.teacher_sampler,
+            steps_per_knot=cfg.teacher_steps // KNOTS,
+            cfg_scale=cfg.teacher_cfg,
+            cfg_interval=cfg.teacher_cfg_interval,
+            autocast_ctx=lambda: autocast(device, precision),
+            progress=progress,
+        )
         for split, n, key in (("train", cfg.distill_paths, 0), ("val", cfg.val_size, 1))
-    }  # fmt: skip
+    }
     torch_save(cache, {"settings": settings, **{k: v.to_dict() for k, v in runs.items()}})
     train = runs["train"]
-    print(f"teacher paths: {len(train)} in {train.seconds:.0f} s ({train.nfe} evaluations each), cached in {cache}",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"teacher paths: {len(train)} in {train.seconds:.0f} s ({train.nfe} evaluations each), cached in {cache}",
+        file=sys.stderr,
+    )
     return train, runs["val"]
 
 
@@ -146,10 +177,17 @@ class Distillation:
         run, cached in its run directory."""
         world, cache = trainer.world, trainer.out / "teacher_paths.pt"
         with world.main_first():
-            self.paths, self.val_paths = run_paths(self.cfg, self.state, cache, trainer.device, trainer.precision,
-                                                   trainer.progress and world.main)  # fmt: skip
-        trainer.log.record({"step": trainer.run.step, "teacher_paths": len(self.paths), "teacher_nfe": self.paths.nfe,
-                            "teacher_seconds": round(self.paths.seconds, 1)})  # fmt: skip
+            self.paths, self.val_paths = run_paths(
+                self.cfg, self.state, cache, trainer.device, trainer.precision, trainer.progress and world.main
+            )
+        trainer.log.record(
+            {
+                "step": trainer.run.step,
+                "teacher_paths": len(self.paths),
+                "teacher_nfe": self.paths.nfe,
+                "teacher_seconds": round(self.paths.seconds, 1),
+            }
+        )
 
     def loss(self, forward, idx: torch.Tensor, device, precision: str, generator: torch.Generator) -> torch.Tensor:
         """The student's loss on the paths ``idx`` (this rank's share); no guidance dropout: the teacher's

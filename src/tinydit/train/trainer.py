@@ -11,7 +11,6 @@ each rank keeping its share, so a stopped run continues exactly, on any number o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -36,20 +35,10 @@ from tinydit.train.diagnostics import validation_losses
 from tinydit.train.events import Events, best_metric
 from tinydit.train.log import RunLog
 from tinydit.train.resolve import resolve
-from tinydit.train.run import Run
+from tinydit.train.run import Run, TrainResult
 from tinydit.train.teacher import Distillation
 
 __all__ = ["Trainer", "TrainResult"]
-
-
-@dataclass
-class TrainResult:
-    step: int
-    train_seconds: float
-    val_loss: float | None
-    val_loss_ema: float | None
-    checkpoint: Path
-    samples: Path | None
 
 
 class Trainer:
@@ -59,8 +48,15 @@ class Trainer:
     train on instead of the data set ``cfg.data`` names (``tinydit.train.data``).
     """
 
-    def __init__(self, cfg: TrainConfig, overwrite: bool = False, require_resume: bool = False, progress: bool = True,
-                 dataset: Dataset | None = None, val_dataset: Dataset | None = None):  # fmt: skip
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        overwrite: bool = False,
+        require_resume: bool = False,
+        progress: bool = True,
+        dataset: Dataset | None = None,
+        val_dataset: Dataset | None = None,
+    ):
         self.cfg, self.progress = resolve(cfg), progress  # its defaults filled for the data set, once
         self.out, self.ckpt_path = Path(cfg.out), Path(cfg.out) / "checkpoint.pt"
         # Held from before the checkpoint is read until fit() ends: one trainer per run directory.
@@ -116,8 +112,8 @@ class Trainer:
         # A checkpoint from before the fused AdamW continues unfused: exact, and fp16's scaler keeps the unfused step.
         unfused = state is not None and not state["optimizer"]["param_groups"][0].get("fused")
         student_of = teacher_state["ema"] if teacher_state is not None and state is None else None
-        self.run = Run(cfg.model, self.model_config, cfg, self.device, self.precision, self.world, self.compiled,
-                       student_of, unfused)  # fmt: skip
+        setup = (cfg.model, self.model_config, cfg, self.device, self.precision, self.world, self.compiled)
+        self.run = Run(*setup, student_of, unfused)
         if state is not None:  # also keeps its token-linear kernel where the device and precision are the same
             self.run.restore(state, self.ckpt_path, cfg.model, self.model_config, self.data.train_set.classes)
         elif overwrite and main:
@@ -127,8 +123,10 @@ class Trainer:
         n_train = len(self.teacher.paths) if self.teacher is not None else len(self.data.train_set)
         self.batch_size = min(cfg.batch_size, n_train)
         if self.batch_size % self.world.size:
-            raise TinyDiTError(f"`batch_size` {self.batch_size} (the global batch) does not split evenly over "
-                               f"{self.world.size} processes; use a multiple of {self.world.size}")  # fmt: skip
+            raise TinyDiTError(
+                f"`batch_size` {self.batch_size} (the global batch) does not split evenly over "
+                f"{self.world.size} processes; use a multiple of {self.world.size}"
+            )
         self.order = BatchOrder(n_train, self.batch_size, cfg.seed)
         self.events = Events(self)
         if main:  # config.json: the resolved config and what the run runs on
@@ -138,13 +136,17 @@ class Trainer:
         """The checkpoint: everything needed to sample from the run or to continue it exactly."""
         text = {"tokenizer": self.data.tokenizer.to_dict()} if self.text else {}
         return {
-            "model_type": self.cfg.model, "model_config": self.model_config.to_dict(), **text,
-            "train_config": {**self.cfg.to_dict(), "preset": self.preset}, "data": self.data.record(),
-            **self.run.state_dict(), "best": self.best, "sampling": self.sampling, "plan": self.budget.plan,
+            "model_type": self.cfg.model,
+            "model_config": self.model_config.to_dict(),
+            **text,
+            "train_config": {**self.cfg.to_dict(), "preset": self.preset},
+            "data": self.data.record(),
+            **self.run.state_dict(),
+            "best": self.best,
+            "sampling": self.sampling,
+            "plan": self.budget.plan,
             "kernels": {"device": self.device.type, "precision": self.precision, **self.run.kernels()},
-            "rng": {"torch": torch.get_rng_state(),
-                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
-        }  # fmt: skip
+        }
 
     def save(self) -> Path:
         """Write the checkpoint, unless the weights went non-finite: then the last good one is kept."""
@@ -232,8 +234,10 @@ class Trainer:
         if interrupt.requested and not done:  # asked to stop, on this rank or another: all stop here
             if world.main:
                 self.save()
-                log.say(f"interrupted at step {run.step}; checkpoint saved to {self.ckpt_path}. "
-                        "Re-run the same command to continue.")  # fmt: skip
+                log.say(
+                    f"interrupted at step {run.step}; checkpoint saved to {self.ckpt_path}. "
+                    "Re-run the same command to continue."
+                )
             world.barrier()  # the checkpoint is whole before any rank exits
             raise KeyboardInterrupt
         if world.main:

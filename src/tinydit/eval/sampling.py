@@ -1,0 +1,157 @@
+"""Samples drawn for an evaluation: what a model is asked to draw (class-balanced labels, or prompts for a text
+model), drawn with given sampler settings, and scored by ``tinydit.eval.evaluate`` (``score_model``, what
+training's evaluations call)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from tinydit.data.datasets import canonical_name
+from tinydit.data.shapes import SHAPES, caption
+from tinydit.data.text import class_captions, parse_phrases, tokenizer_of
+from tinydit.distributed import SINGLE, World
+from tinydit.errors import TinyDiTError
+from tinydit.eval.adherence import flatten, prompts_for, score, shape_accuracy
+from tinydit.eval.evaluate import (
+    DEFAULT_CACHE,
+    eval_spec,
+    evaluate,
+)
+from tinydit.eval.shape_fit import strict_scores
+from tinydit.flow.distill import warn_if_untrained_settings
+from tinydit.flow.generate import class_cycle, generate, sampler_settings
+from tinydit.models.checkpoint import load_model
+
+__all__ = ["eval_conditions", "generate_for_eval", "sample_for_eval", "score_model"]
+
+
+def eval_conditions(state: dict, n: int) -> tuple[torch.Tensor, torch.Tensor, list[dict] | None]:
+    """What n evaluation samples of a checkpoint are conditioned on: y (labels (n,), or caption ids
+    (n, L) for a text model), each sample's class (n,), and for a shapes text model its prompt's
+    attributes (for prompt adherence; else None).
+
+    Text prompts: for shapes every shape x colour x background combination in turn (``tinydit.eval.adherence``),
+    held-out ones included; for CIFAR-10 and Fashion-MNIST the class template ("a photo of a sneaker");
+    for an image folder the folder's name. So the samples stay class-balanced, as for class models.
+    """
+
+    classes, data = state["data"]["classes"], state["data"]["name"]
+    tokenizer = tokenizer_of(state)
+    if tokenizer is None:
+        labels = class_cycle(n, len(classes))
+        return labels, labels, None
+    attrs = None
+    if data == "shapes":
+        attrs = prompts_for(n)
+        captions = [caption(a) for a in attrs]
+        labels = torch.tensor([SHAPES.index(a["shape"]) for a in attrs])
+    else:
+        labels = class_cycle(n, len(classes))
+        if data in ("cifar10", "fashion-mnist"):
+            captions = class_captions(labels.tolist(), classes)
+        else:  # an image folder: the caption of images without a sidecar file (tinydit.data.datasets.folder_caption)
+            captions = [Path(classes[i]).name or Path(data).name for i in labels.tolist()]
+    return tokenizer.encode(captions, warn=False), labels, attrs
+
+
+def generate_for_eval(
+    checkpoint: str | Path | dict,
+    n: int,
+    steps: int,
+    cfg_scale: float,
+    seed: int,
+    device: torch.device,
+    data: str | None,
+    *,
+    sampler: str = "euler",
+    progress: bool = False,
+    world: World = SINGLE,
+    **options,
+) -> tuple[torch.Tensor, torch.Tensor, str, list[str], dict]:
+    """n class-balanced samples from a checkpoint: images, labels, data set, classes, sampler info.
+
+    Generation runs in fp32 on every device (unlike ``tinydit sample``'s bf16 default where that is
+    faster), so scores compare across machines.
+
+    ``sampler`` and ``options`` (grid, shift, cfg_interval; rtol, atol) go to ``tinydit.flow.samplers.generate``;
+    the info records them in full, defaults included. For a text model trained on shapes the info also
+    holds the prompt-adherence scores of the samples (``adherence_*``, ``tinydit.eval.adherence``).
+    """
+
+    settings = sampler_settings(sampler, steps, cfg_scale, **options)  # checks them before any work
+    if n < 1:
+        raise TinyDiTError(f"`n` must be >= 1, got {n}")
+    model, state = load_model(checkpoint, map_location=device)
+    warn_if_untrained_settings(state, sampler, steps, cfg_scale, options.get("grid") or "uniform")
+    trained_on = state["data"]["name"]
+    if data is not None and canonical_name(data) != trained_on:
+        where = "the checkpoint" if isinstance(checkpoint, dict) else checkpoint
+        raise TinyDiTError(f"{where} was trained on {trained_on}, not {data}; drop `data`")
+    eval_spec(trained_on)
+    x, labels, info = sample_for_eval(
+        model, state, n, steps, cfg_scale, seed, sampler=sampler, progress=progress, world=world, **options
+    )
+    return x, labels, trained_on, state["data"]["classes"], {**info, "sampler": {**settings, "seed": seed}}
+
+
+def sample_for_eval(
+    model,
+    state: dict,
+    n: int,
+    steps: int,
+    cfg_scale: float,
+    seed: int,
+    *,
+    sampler: str = "euler",
+    progress: bool = False,
+    world: World = SINGLE,
+    **options,
+) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """n class-balanced samples of ``model`` (``state``: its checkpoint dict, or one with the same
+    ``data``, ``tokenizer`` and ``train_config``): images, labels and info (model evaluations per image,
+    seconds; for a shapes text model the prompt-adherence scores, ``adherence_*``)."""
+    y, labels, attrs = eval_conditions(state, n)
+    started = time.perf_counter()
+    res = generate(
+        model,
+        y,
+        steps=steps,
+        cfg_scale=cfg_scale,
+        seed=seed,
+        sampler=sampler,
+        progress=progress,
+        world=world,
+        **options,
+    )
+    info = {"nfe_per_image": res.nfe, "generation_seconds": time.perf_counter() - started}
+    if attrs is not None:
+        holdout = parse_phrases(state["train_config"].get("holdout") or "")
+        info.update(flatten(score(res.x, attrs, holdout)), adherence_holdout=",".join(holdout) or "none")
+    if state["data"]["name"] == "shapes":  # class or text: is the shape its label or prompt asked for drawn?
+        # The strict judge (a clean shape of the asked kind fits; tinydit.eval.shape_fit) is the quality
+        # figure; read_shape's lenient reading stays beside it as a diagnostic.
+        info.update({f"shape_{k}": v for k, v in strict_scores(res.x, labels).items()})
+        if attrs is None:  # a text model's lenient reading is its adherence_shape_*
+            info["shape_accuracy"] = shape_accuracy(res.x, labels)
+    return res.x, labels, info
+
+
+def score_model(
+    model,
+    state: dict,
+    n: int,
+    steps: int,
+    cfg_scale: float,
+    seed: int = 0,
+    root: str | Path = "data",
+    cache_dir: str | Path | None = DEFAULT_CACHE,
+    **options,
+) -> dict:
+    """``sample_for_eval``'s samples scored with the offline metrics against the test split: one flat dict
+    of numbers (what evaluation during training logs)."""
+    x, labels, info = sample_for_eval(model, state, n, steps, cfg_scale, seed, **options)
+    metrics = evaluate(x.float(), labels, state["data"]["name"], root=root, cache_dir=cache_dir)
+    return {k: v for k, v in {**metrics, **info}.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
