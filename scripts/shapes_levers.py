@@ -12,8 +12,10 @@ Training is `tinydit train --data shapes` (the default preset, precision and eve
 than ``minutes``, so a busy machine changes their wall time but not what they compute. ``--variant``
 trains on a simpler variant of the data (``scripts/shapes_probe.py``'s ``make_variant``: n_colors,
 bg, size, jitter). Each ``--sample SAMPLER:STEPS:GUIDANCE[:LO-HI]`` draws ``--n`` class-balanced EMA
-samples (seed 0) and prints one JSON line: the share whose shape ``read_shape`` reads as the one asked
-for (chance 0.25) and the share of pixels within 40/255 of a palette colour.
+samples (seed 0) and prints one JSON line: the strict judge's pass rates (``strict``, per class, and
+``colours``, both colours on the palette), the share whose shape ``read_shape`` reads as the one asked for
+(chance 0.25), the share with no foreground at all (``empty``) and the share of pixels within 40/255 of a
+palette colour.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def score(checkpoint: Path, n: int, spec: str, ema: bool = True, seed: int = 0) 
 
     from tinydit import api
     from tinydit.data.shapes import SHAPES, read_shape
-    from tinydit.eval.shape_fit import strict_scores
+    from tinydit.eval.shape_fit import fit_shapes, strict_scores
     from tinydit.images import to_uint8
 
     parts = spec.split(":")
@@ -55,16 +57,31 @@ def score(checkpoint: Path, n: int, spec: str, ema: bool = True, seed: int = 0) 
     if spec == "recorded":  # the settings the checkpoint records, as `tinydit sample` with no flags
         res = api.sample(checkpoint, n, ema=ema, seed=seed)
     else:
-        res = api.sample(checkpoint, n, sampler=parts[0], steps=int(parts[1]), cfg_scale=float(parts[2]), ema=ema,
-                         seed=seed, **options)
+        res = api.sample(
+            checkpoint,
+            n,
+            sampler=parts[0],
+            steps=int(parts[1]),
+            cfg_scale=float(parts[2]),
+            ema=ema,
+            seed=seed,
+            **options,
+        )
     u8 = to_uint8(res.x)  # (N, 3, H, W), as a saved PNG would be
     # A run on some of the classes (`--set classes=cross`) numbers them in its own order: judge by name.
     kinds = torch.tensor([SHAPES.index(res.names[int(c)]) for c in res.labels])
     hits = [read_shape(img)["shape"] == SHAPES[int(k)] for img, k in zip(u8, kinds, strict=True)]
     strict = {k: round(v, 3) for k, v in strict_scores(u8, kinds).items()}
-    return {"sample": spec, "weights": "ema" if ema else "raw", "nfe": res.nfe, **strict,
-            "shape": round(float(np.mean(hits)), 3),
-            "palette": round(palette_share(u8), 3)}  # fmt: skip
+    empty = float((fit_shapes(u8).kind == -1).mean())  # no foreground at all: the background alone
+    return {
+        "sample": spec,
+        "weights": "ema" if ema else "raw",
+        "nfe": res.nfe,
+        **strict,
+        "shape": round(float(np.mean(hits)), 3),
+        "empty": round(empty, 3),
+        "palette": round(palette_share(u8), 3),
+    }
 
 
 def palette_share(u8) -> float:
@@ -92,14 +109,23 @@ def calibrate(n: int) -> list[dict]:
     shuffled = torch.randint(len(SHAPES), (n,), generator=g)
     net, _ = load_feature_net("shapes_cnn")
     rows = []
-    for name, u8, labels in (("real", test.images, test.labels), ("real + noise std 0.1", noisy, test.labels),
-                             ("real, random labels", test.images, shuffled)):
+    for name, u8, labels in (
+        ("real", test.images, test.labels),
+        ("real + noise std 0.1", noisy, test.labels),
+        ("real, random labels", test.images, shuffled),
+    ):
         hits = [read_shape(img)["shape"] == SHAPES[int(c)] for img, c in zip(u8.numpy(), labels, strict=True)]
         _, pred = extract(net, u8)
-        rows.append({"images": name, "n": n, "shape": round(float(np.mean(hits)), 3),
-                     "colours": round(float(on_palette(u8).mean()), 3),
-                     "palette": round(palette_share(u8), 3),
-                     "shapes_cnn": round(float((pred == labels).float().mean()), 3)})
+        rows.append(
+            {
+                "images": name,
+                "n": n,
+                "shape": round(float(np.mean(hits)), 3),
+                "colours": round(float(on_palette(u8).mean()), 3),
+                "palette": round(palette_share(u8), 3),
+                "shapes_cnn": round(float((pred == labels).float().mean()), 3),
+            }
+        )
     return rows
 
 
@@ -108,13 +134,28 @@ def main() -> None:
     p.add_argument("--out", help="the run directory")
     p.add_argument("--calibrate", action="store_true", help="score real test images (clean, noisy, mislabelled)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="a TrainConfig field")
-    p.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE",
-                   help="train on a variant of shapes: n_colors, bg, size (small|large), jitter (0-1), "
-                        "small/large (size range LO-HI in px at 32)")
-    p.add_argument("--sample", action="append", default=None, metavar="SAMPLER:STEPS:GUIDANCE[:LO-HI[:ETA]]",
-                   help="or `recorded`: the settings the checkpoint records")
-    p.add_argument("--model-set", action="append", default=[], metavar="FIELD=VALUE",
-                   help="a DiTConfig field on top of the preset (a preset named `lever` is made for the run)")
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="train on a variant of shapes: n_colors, bg, size (small|large), jitter (0-1), "
+        "small/large (size range LO-HI in px at 32)",
+    )
+    p.add_argument(
+        "--sample",
+        action="append",
+        default=None,
+        metavar="SAMPLER:STEPS:GUIDANCE[:LO-HI[:ETA]]",
+        help="or `recorded`: the settings the checkpoint records",
+    )
+    p.add_argument(
+        "--model-set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="a DiTConfig field on top of the preset (a preset named `lever` is made for the run)",
+    )
     p.add_argument("--sample-seed", type=int, default=0, help="the sampling noise's seed")
     p.add_argument("--n", type=int, default=400, help="samples per --sample (class-balanced)")
     p.add_argument("--score-only", action="store_true", help="score the checkpoint already in --out")
@@ -132,8 +173,14 @@ def main() -> None:
         if variant:
             from shapes_probe import make_variant
 
-            make_variant(variant.get("n_colors"), variant.get("bg"), variant.get("size"), variant.get("jitter", 1.0),
-                         variant.get("small"), variant.get("large"))
+            make_variant(
+                variant.get("n_colors"),
+                variant.get("bg"),
+                variant.get("size"),
+                variant.get("jitter", 1.0),
+                variant.get("small"),
+                variant.get("large"),
+            )
         from tinydit.config import TrainConfig
         from tinydit.train import Trainer
 
@@ -147,9 +194,19 @@ def main() -> None:
             fields["preset"] = "lever"
         cfg = TrainConfig(out=str(out), data="shapes", report=False, **fields)
         result = Trainer(cfg, overwrite=True, progress=False).fit()
-        print(json.dumps({"out": str(out), "set": fields, "variant": variant, "step": result.step,
-                          "train_seconds": round(result.train_seconds), "val_loss_ema": round(result.val_loss_ema, 4)}),
-              flush=True)  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "out": str(out),
+                    "set": fields,
+                    "variant": variant,
+                    "step": result.step,
+                    "train_seconds": round(result.train_seconds),
+                    "val_loss_ema": round(result.val_loss_ema, 4),
+                }
+            ),
+            flush=True,
+        )
     for spec in args.sample or ["euler:32:2", "euler:32:4"]:
         row = score(out / "checkpoint.pt", args.n, spec, args.weights == "ema", args.sample_seed)
         print(json.dumps({"out": str(out), **row}), flush=True)

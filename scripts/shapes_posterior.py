@@ -2,6 +2,7 @@
 
     python scripts/shapes_posterior.py losses runs/shapes/checkpoint.pt
     python scripts/shapes_posterior.py hybrid runs/shapes/checkpoint.pt --switch 0.8 0.7 --cfg 1 4 --eta 0 1
+    python scripts/shapes_posterior.py denoise runs/shapes/checkpoint.pt --n 400 --t 0.3 0.5 0.7 0.9
 
 The empirical posterior mean E[x0 | x_t] over the 20,000 training images (weights
 exp(-|x_t - (1 - t) x0_i|^2 / 2 t^2), restricted to the asked class when the label is given) is a
@@ -17,6 +18,10 @@ effective sample size). The gap between "null" and "true" is what the model take
 posterior for t > ``switch`` and from the model below it (guidance ``cfg``), scored by the strict judge:
 whether the model finishes shapes whose layout was laid out right.
 
+``denoise``: no posterior: held-out real images of the run's classes noised to each t and denoised in one
+step (x0 = x_t - t v, the right label), judged strictly: from which t on the model renders a shape it is
+shown. Works for runs on a subset of the classes (``--classes cross``).
+
 ``track``: the model's own Euler path from noise (guidance ``cfg``); at each knot t the strict judge reads
 the model's x0 and the empirical class posterior's x0 at the same x_t: where the second still holds a
 right shape and the first does not, the model has left what the data says at a point of its own path.
@@ -31,8 +36,8 @@ import math
 import torch
 
 from tinydit import api
-from tinydit.data.shapes import ShapesDataset
-from tinydit.eval.shape_fit import strict_scores
+from tinydit.data.shapes import SHAPES, ShapesDataset
+from tinydit.eval.shape_fit import fit_shapes, strict_scores
 from tinydit.flow.grids import uniform_grid
 from tinydit.flow.guidance import guided_velocity
 from tinydit.flow.samplers import SAMPLERS
@@ -83,6 +88,23 @@ def losses(model, posterior: EmpiricalPosterior, n: int, times: list[float]) -> 
         print(json.dumps(row), flush=True)
 
 
+def denoise(model, classes: list[str], n: int, times: list[float]) -> None:
+    test = ShapesDataset(n=4 * n, train=False)
+    kinds = torch.tensor([SHAPES.index(c) for c in classes])  # the run's label i is the kind kinds[i]
+    keep = torch.isin(test.labels.long(), kinds)
+    x0, kind = from_uint8(test.images[keep][:n]).float(), test.labels.long()[keep][:n]
+    label = (kind[:, None] == kinds[None]).long().argmax(1)  # (n,) the run's own labels
+    noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(0))
+    for t in times:
+        x_t, tt = (1 - t) * x0 + t * noise, torch.full((len(kind),), t)
+        with torch.no_grad():
+            x0_hat = x_t - t * model(x_t, tt, label)
+        passes = fit_shapes(to_uint8(x0_hat)).passes(kind.numpy())
+        row = {"t": t, "n": len(kind), "strict": round(float(passes.mean()), 3)}
+        row |= {c: round(float(passes[(kind == SHAPES.index(c)).numpy()].mean()), 3) for c in classes}
+        print(json.dumps(row), flush=True)
+
+
 def hybrid(model, posterior: EmpiricalPosterior, n: int, switch: float, cfg: float, eta: float, steps: int) -> dict:
     g = torch.Generator().manual_seed(0)
     y = torch.arange(n) % 4
@@ -92,8 +114,9 @@ def hybrid(model, posterior: EmpiricalPosterior, n: int, switch: float, cfg: flo
             return (x - posterior(x, t, y)[0]) / t
         return guided_velocity(model, x, torch.full((n,), t), y, cfg)[0]
 
-    x = SAMPLERS["ancestral"](velocity, torch.randn(n, 3, 32, 32, generator=g), uniform_grid(steps), eta=eta,
-                              generator=g)  # fmt: skip
+    x = SAMPLERS["ancestral"](
+        velocity, torch.randn(n, 3, 32, 32, generator=g), uniform_grid(steps), eta=eta, generator=g
+    )
     return {k: round(v, 3) for k, v in strict_scores(to_uint8(x), y).items()}
 
 
@@ -135,7 +158,7 @@ def track(model, posterior: EmpiricalPosterior, n: int, cfg: float, steps: int, 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=("losses", "hybrid", "track"))
+    p.add_argument("what", choices=("losses", "hybrid", "track", "denoise"))
     p.add_argument("checkpoint")
     p.add_argument("--n", type=int, default=None, help="images (losses: 512 held-out; hybrid: 200 samples)")
     p.add_argument("--t", type=float, nargs="+", default=[0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95])
@@ -145,7 +168,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--out", default=None, help="track: a PNG of the crosses' x0, the model's above the empirical")
     args = p.parse_args()
-    model, _ = api.load_model(args.checkpoint)
+    model, state = api.load_model(args.checkpoint)
+    if args.what == "denoise":
+        denoise(model, state["data"]["classes"], args.n or 400, args.t)
+        return
     train = ShapesDataset(n=20000)
     posterior = EmpiricalPosterior(from_uint8(train.images).float(), train.labels)
     if args.what == "losses":
