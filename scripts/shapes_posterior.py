@@ -3,6 +3,7 @@
     python scripts/shapes_posterior.py losses runs/shapes/checkpoint.pt
     python scripts/shapes_posterior.py hybrid runs/shapes/checkpoint.pt --switch 0.8 0.7 --cfg 1 4 --eta 0 1
     python scripts/shapes_posterior.py denoise runs/shapes/checkpoint.pt --n 400 --t 0.3 0.5 0.7 0.9
+    python scripts/shapes_posterior.py keep runs/shapes/checkpoint.pt --n 400 --t 0.5 0.7 0.8 --steps 32
 
 The empirical posterior mean E[x0 | x_t] over the 20,000 training images (weights
 exp(-|x_t - (1 - t) x0_i|^2 / 2 t^2), restricted to the asked class when the label is given) is a
@@ -21,6 +22,11 @@ whether the model finishes shapes whose layout was laid out right.
 ``denoise``: no posterior: held-out real images of the run's classes noised to each t and denoised in one
 step (x0 = x_t - t v, the right label), judged strictly: from which t on the model renders a shape it is
 shown. Works for runs on a subset of the classes (``--classes cross``).
+
+``keep``: the same held-out images noised to each t, then the model's own sampler from t down to 0 (Euler and
+ancestral, ``--steps`` steps, the right label), judged strictly: whether the model's path keeps a layout
+it is given. A perfect model keeps every one (its path carries the noised data to the data); what it
+loses here it loses below t, whatever happened above.
 
 ``track``: the model's own Euler path from noise (guidance ``cfg``); at each knot t the strict judge reads
 the model's x0 and the empirical class posterior's x0 at the same x_t: where the second still holds a
@@ -88,21 +94,58 @@ def losses(model, posterior: EmpiricalPosterior, n: int, times: list[float]) -> 
         print(json.dumps(row), flush=True)
 
 
-def denoise(model, classes: list[str], n: int, times: list[float]) -> None:
+def held_out(classes: list[str], n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """n held-out images of a run's classes (N, 3, H, W), their kinds (index into SHAPES) and the run's labels."""
     test = ShapesDataset(n=4 * n, train=False)
     kinds = torch.tensor([SHAPES.index(c) for c in classes])  # the run's label i is the kind kinds[i]
     keep = torch.isin(test.labels.long(), kinds)
     x0, kind = from_uint8(test.images[keep][:n]).float(), test.labels.long()[keep][:n]
-    label = (kind[:, None] == kinds[None]).long().argmax(1)  # (n,) the run's own labels
+    return x0, kind, (kind[:, None] == kinds[None]).long().argmax(1)
+
+
+def judged(x: torch.Tensor, kind: torch.Tensor, classes: list[str]) -> dict:
+    """The strict pass rate of images x (N, 3, H, W) asked for kinds (N,), overall and per class."""
+    passes = fit_shapes(to_uint8(x)).passes(kind.numpy())
+    return {"strict": round(float(passes.mean()), 3)} | {
+        c: round(float(passes[(kind == SHAPES.index(c)).numpy()].mean()), 3) for c in classes
+    }
+
+
+def denoise(model, classes: list[str], n: int, times: list[float]) -> None:
+    x0, kind, label = held_out(classes, n)
     noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(0))
     for t in times:
         x_t, tt = (1 - t) * x0 + t * noise, torch.full((len(kind),), t)
         with torch.no_grad():
             x0_hat = x_t - t * model(x_t, tt, label)
-        passes = fit_shapes(to_uint8(x0_hat)).passes(kind.numpy())
-        row = {"t": t, "n": len(kind), "strict": round(float(passes.mean()), 3)}
-        row |= {c: round(float(passes[(kind == SHAPES.index(c)).numpy()].mean()), 3) for c in classes}
-        print(json.dumps(row), flush=True)
+        print(json.dumps({"t": t, "n": len(kind), **judged(x0_hat, kind, classes)}), flush=True)
+
+
+def keep(model, classes: list[str], n: int, times: list[float], steps: int, out: str | None) -> None:
+    x0, kind, label = held_out(classes, n)
+    noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(0))
+
+    def velocity(x: torch.Tensor, t: float) -> torch.Tensor:
+        with torch.no_grad():
+            return model(x, torch.full((len(x),), float(t)), label)
+
+    for t in times:
+        x_t, grid = (1 - t) * x0 + t * noise, torch.linspace(t, 0, steps + 1)
+        rows = [x0, x_t]
+        for name, options in (
+            ("euler", {}),
+            ("ancestral", {"eta": 1.0, "generator": torch.Generator().manual_seed(1)}),
+        ):
+            rows.append(SAMPLERS[name](velocity, x_t.clone(), grid, **options))
+            print(json.dumps({"t": t, "sampler": name, "n": len(kind), **judged(rows[-1], kind, classes)}), flush=True)
+        if out and t == times[0]:  # the first ten crosses (else images): clean, noised to t, Euler, ancestral
+            from torchvision.utils import save_image
+
+            crosses = torch.nonzero(kind == SHAPES.index("cross")).flatten()
+            pick = (crosses if len(crosses) else torch.arange(len(kind)))[:10]
+            tiles = torch.cat([r[pick] for r in rows]).clamp(-1, 1)
+            big = torch.nn.functional.interpolate((tiles + 1) / 2, scale_factor=4, mode="nearest")
+            save_image(big, out, nrow=len(pick), padding=4, pad_value=1)
 
 
 def hybrid(model, posterior: EmpiricalPosterior, n: int, switch: float, cfg: float, eta: float, steps: int) -> dict:
@@ -158,7 +201,7 @@ def track(model, posterior: EmpiricalPosterior, n: int, cfg: float, steps: int, 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=("losses", "hybrid", "track", "denoise"))
+    p.add_argument("what", choices=("losses", "hybrid", "track", "denoise", "keep"))
     p.add_argument("checkpoint")
     p.add_argument("--n", type=int, default=None, help="images (losses: 512 held-out; hybrid: 200 samples)")
     p.add_argument("--t", type=float, nargs="+", default=[0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95])
@@ -166,11 +209,19 @@ def main() -> None:
     p.add_argument("--cfg", type=float, nargs="+", default=[1.0], help="hybrid: the model's guidance below")
     p.add_argument("--eta", type=float, nargs="+", default=[0.0], help="hybrid: 1 DDPM's noise, 0 Euler")
     p.add_argument("--steps", type=int, default=64)
-    p.add_argument("--out", default=None, help="track: a PNG of the crosses' x0, the model's above the empirical")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="track: a PNG of the crosses' x0, the model's above the empirical; keep: ten crosses at the "
+        "first --t, clean, noised, Euler and ancestral",
+    )
     args = p.parse_args()
     model, state = api.load_model(args.checkpoint)
     if args.what == "denoise":
         denoise(model, state["data"]["classes"], args.n or 400, args.t)
+        return
+    if args.what == "keep":
+        keep(model, state["data"]["classes"], args.n or 400, args.t, args.steps, args.out)
         return
     train = ShapesDataset(n=20000)
     posterior = EmpiricalPosterior(from_uint8(train.images).float(), train.labels)
