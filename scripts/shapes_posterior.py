@@ -94,9 +94,10 @@ def losses(model, posterior: EmpiricalPosterior, n: int, times: list[float]) -> 
         print(json.dumps(row), flush=True)
 
 
-def held_out(classes: list[str], n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """n held-out images of a run's classes (N, 3, H, W), their kinds (index into SHAPES) and the run's labels."""
-    test = ShapesDataset(n=4 * n, train=False)
+def held_out(classes: list[str], n: int, train: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """n held-out images of a run's classes (N, 3, H, W), their kinds (index into SHAPES) and the run's labels;
+    ``train``: the first n training images of those classes instead (a ``limit`` run's own, for n <= limit)."""
+    test = ShapesDataset(n=20000) if train else ShapesDataset(n=4 * n, train=False)
     kinds = torch.tensor([SHAPES.index(c) for c in classes])  # the run's label i is the kind kinds[i]
     keep = torch.isin(test.labels.long(), kinds)
     x0, kind = from_uint8(test.images[keep][:n]).float(), test.labels.long()[keep][:n]
@@ -121,8 +122,8 @@ def denoise(model, classes: list[str], n: int, times: list[float]) -> None:
         print(json.dumps({"t": t, "n": len(kind), **judged(x0_hat, kind, classes)}), flush=True)
 
 
-def keep(model, classes: list[str], n: int, times: list[float], steps: int, out: str | None) -> None:
-    x0, kind, label = held_out(classes, n)
+def keep(model, classes: list[str], n: int, times: list[float], steps: int, out: str | None, train: bool) -> None:
+    x0, kind, label = held_out(classes, n, train)
     noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(0))
 
     def velocity(x: torch.Tensor, t: float) -> torch.Tensor:
@@ -215,13 +216,14 @@ def main() -> None:
         help="track: a PNG of the crosses' x0, the model's above the empirical; keep: ten crosses at the "
         "first --t, clean, noised, Euler and ancestral",
     )
+    p.add_argument("--train-images", action="store_true", help="keep: start from training images, not held-out ones")
     args = p.parse_args()
     model, state = api.load_model(args.checkpoint)
     if args.what == "denoise":
         denoise(model, state["data"]["classes"], args.n or 400, args.t)
         return
     if args.what == "keep":
-        keep(model, state["data"]["classes"], args.n or 400, args.t, args.steps, args.out)
+        keep(model, state["data"]["classes"], args.n or 400, args.t, args.steps, args.out, args.train_images)
         return
     train = ShapesDataset(n=20000)
     posterior = EmpiricalPosterior(from_uint8(train.images).float(), train.labels)
