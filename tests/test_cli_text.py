@@ -9,29 +9,10 @@ from PIL import Image
 
 from tinydit.cli import main
 
-FAST_TEXT = [
-    "--model",
-    "mmdit",
-    "--preset",
-    "mmdit-0.2m",
-    "--batch-size",
-    "16",
-    "--limit",
-    "64",
-    "--steps",
-    "3",
-    "--log-every",
-    "2",
-    "--val-every",
-    "3",
-    "--sample-every",
-    "3",
-    "--sample-steps",
-    "2",
-    "--warmup",
-    "2",
-    "--no-progress",
-]
+FAST_TEXT = (
+    "--model mmdit --preset mmdit-0.2m --batch-size 16 --limit 64 --steps 3 --log-every 2 "
+    "--val-every 3 --sample-every 3 --sample-steps 2 --warmup 2 --no-progress"
+).split()
 
 
 def run(args, capsys):

@@ -85,30 +85,10 @@ def test_sampling_on_cuda_is_seeded_and_matches_the_cpu(tiny_run):
 
 
 def test_ddp_with_nccl_at_world_size_1_trains_what_one_process_trains(tmp_path):
-    flags = [
-        "--data",
-        "shapes",
-        "--preset",
-        "dit-0.2m",
-        "--batch-size",
-        "16",
-        "--limit",
-        "256",
-        "--val-size",
-        "32",
-        "--steps",
-        "12",
-        "--warmup",
-        "2",
-        "--precision",
-        "fp32",
-        "--compile",
-        "off",
-        "--device",
-        "cuda",
-        "--no-report",
-        "--no-progress",
-    ]
+    flags = (
+        "--data shapes --preset dit-0.2m --batch-size 16 --limit 256 --val-size 32 --steps 12 --warmup "
+        "2 --precision fp32 --compile off --device cuda --no-report --no-progress"
+    ).split()
     env = {**os.environ, "TINYDIT_OFFLINE": "1"}
     plain = subprocess.run(
         [sys.executable, "-m", "tinydit", "train", *flags, "--out", str(tmp_path / "one")],

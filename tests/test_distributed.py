@@ -24,32 +24,11 @@ from tinydit.distributed import World
 from tinydit.models.checkpoint import load_checkpoint
 from tinydit.models.registry import build_model, config_from_dict
 
-FLAGS = [
-    "--data",
-    "shapes",
-    "--preset",
-    "dit-0.2m",
-    "--batch-size",
-    "16",
-    "--limit",
-    "256",
-    "--val-size",
-    "32",
-    "--log-every",
-    "2",
-    "--val-every",
-    "1000",
-    "--sample-every",
-    "1000",
-    "--ckpt-every",
-    "1000",
-    "--warmup",
-    "2",
-    "--precision",
-    "fp32",
-    "--no-report",
-    "--no-progress",
-]
+FLAGS = (
+    "--data shapes --preset dit-0.2m --batch-size 16 --limit 256 --val-size 32 --log-every 2 "
+    "--val-every 1000 --sample-every 1000 --ckpt-every 1000 --warmup 2 --precision fp32 --no-report "
+    "--no-progress"
+).split()
 ENV = {
     **os.environ,
     "TINYDIT_OFFLINE": "1",

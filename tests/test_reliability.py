@@ -34,34 +34,11 @@ from tinydit.files import RunDirLock
 from tinydit.models.checkpoint import load_checkpoint, load_model
 
 # The conftest fast config as CLI flags: 256 shapes, dit-0.2m, fp32, a checkpoint every 4 steps.
-FLAGS = [
-    "--data",
-    "shapes",
-    "--preset",
-    "dit-0.2m",
-    "--batch-size",
-    "16",
-    "--limit",
-    "256",
-    "--val-size",
-    "32",
-    "--log-every",
-    "2",
-    "--val-every",
-    "4",
-    "--sample-every",
-    "1000",
-    "--ckpt-every",
-    "4",
-    "--sample-steps",
-    "2",
-    "--warmup",
-    "2",
-    "--precision",
-    "fp32",
-    "--no-report",
-    "--no-progress",
-]
+FLAGS = (
+    "--data shapes --preset dit-0.2m --batch-size 16 --limit 256 --val-size 32 --log-every 2 "
+    "--val-every 4 --sample-every 1000 --ckpt-every 4 --sample-steps 2 --warmup 2 --precision fp32 "
+    "--no-report --no-progress"
+).split()
 # The token-linear kernel pinned: each process's timing probe could pick another on a loaded machine, and
 # the reference and the killed run start in different processes (a continuation keeps its own anyway).
 ENV = {**os.environ, "TINYDIT_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "TINYDIT_LINEAR_KERNEL": "blas"}
