@@ -194,7 +194,8 @@ def evaluate(
     nets: dict = {}
     if spec.feature_net is not None:
         kid_sizes = (kid_subsets, kid_subset_size)
-        nets[spec.feature_net] = _offline_metrics(fake, y, data, split, spec, cache_dir, root, kid_sizes, out)
+        metrics, nets[spec.feature_net] = _offline_metrics(fake, y, data, split, spec, cache_dir, root, kid_sizes)
+        out.update(metrics)
     if inception or inception_weights:
         ex = InceptionFeatures(inception_weights)
         real, ref = reference_features(data, split, ex, cache_dir, root)
@@ -212,10 +213,10 @@ def evaluate(
 
 
 def _offline_metrics(
-    fake, y, data: str, split: str, spec, cache_dir, root, kid_sizes: tuple[int, int], out: dict
-) -> dict:
-    """FID, KID, precision/recall and class consistency in the data set's feature network space, added to
-    ``out``; returns the network's record (its hash, accuracy and the reference it was computed on)."""
+    fake, y, data: str, split: str, spec, cache_dir, root, kid_sizes: tuple[int, int]
+) -> tuple[dict, dict]:
+    """FID, KID, precision/recall and class consistency in the data set's feature network space, and the
+    network's record (its hash, accuracy and the reference it was computed on)."""
     ex = _OfflineExtractor(spec.feature_net)
     real, ref = reference_features(data, split, ex, cache_dir, root)
     fake_feats = ex(fake)
@@ -224,19 +225,17 @@ def _offline_metrics(
     real_pr = real[torch.randperm(len(real), generator=gen)[: len(fake_feats)]]
     precision, recall = precision_recall(real_pr, fake_feats)
     kid_mean, kid_std = kid(real, fake_feats, subsets=kid_sizes[0], subset_size=kid_sizes[1])
-    out.update(
-        {
-            f"fid_{tag}": frechet_distance(*feature_stats(real), *feature_stats(fake_feats)),
-            f"kid_{tag}_mean": kid_mean,
-            f"kid_{tag}_std": kid_std,
-            f"precision_{tag}": precision,
-            f"recall_{tag}": recall,
-        }
-    )
+    out = {
+        f"fid_{tag}": frechet_distance(*feature_stats(real), *feature_stats(fake_feats)),
+        f"kid_{tag}_mean": kid_mean,
+        f"kid_{tag}_std": kid_std,
+        f"precision_{tag}": precision,
+        f"recall_{tag}": recall,
+    }
     if y is not None:
         out[f"class_consistency_{tag}"] = (ex.predictions == y).double().mean().item()
     out["n_reference"] = int(real.shape[0])
-    return {"sha256": ex.sha256, "test_accuracy": ex.record.get("test_accuracy"), **ref}
+    return out, {"sha256": ex.sha256, "test_accuracy": ex.record.get("test_accuracy"), **ref}
 
 
 def _checked_labels(labels, n: int, data: str, spec, root) -> torch.Tensor:

@@ -15,11 +15,7 @@ from tinydit.data.text import class_captions, parse_phrases, tokenizer_of
 from tinydit.distributed import SINGLE, World
 from tinydit.errors import TinyDiTError
 from tinydit.eval.adherence import flatten, prompts_for, score, shape_accuracy
-from tinydit.eval.evaluate import (
-    DEFAULT_CACHE,
-    eval_spec,
-    evaluate,
-)
+from tinydit.eval.evaluate import DEFAULT_CACHE, eval_spec, evaluate
 from tinydit.eval.shape_fit import strict_scores
 from tinydit.flow.distill import warn_if_untrained_settings
 from tinydit.flow.generate import class_cycle, generate, sampler_settings
