@@ -1,8 +1,10 @@
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 
 from tinydit.config import TrainConfig
 from tinydit.train import Trainer
@@ -41,6 +43,26 @@ def dead_parameters_after_sgd(model, args, steps: int) -> list[str]:
     return [n for n, p in model.named_parameters() if p.grad is None or p.grad.abs().sum() == 0]
 
 
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """A directory that ``build(path)`` fills once per test session, shared by the pytest-xdist workers.
+
+    A module- or session-scoped fixture runs once in every worker that runs one of its tests, so a
+    fixture that trains (the two-rank reference runs take half a minute) would otherwise run up to once
+    per worker. The first worker builds under a file lock; the others wait for it and reuse the result.
+    Tests only read what is built here."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the workers' temporary directories share this parent
+    path = root / f"shared-{name}"
+    with FileLock(str(path) + ".lock"):
+        if not (path / ".built").exists():
+            shutil.rmtree(path, ignore_errors=True)
+            path.mkdir()
+            build(path)
+            (path / ".built").touch()
+    return path
+
+
 def fast_config(out, **kw) -> TrainConfig:
     """A training config that runs in about a second on a CPU."""
     return TrainConfig(out=str(out), **{"data": "shapes", **FAST, **kw})
@@ -74,8 +96,9 @@ def tiny_run(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def eval_cache(tmp_path_factory):
-    """One reference-feature cache for the evaluation and sweep tests: the shapes features are computed once."""
-    return tmp_path_factory.mktemp("eval-cache")
+    """One reference-feature cache for the evaluation and sweep tests: the shapes features are computed once
+    (its files are written atomically, so workers that fill it at once each write a whole file)."""
+    return built_once(tmp_path_factory, "eval-cache", lambda path: None)
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")

@@ -188,9 +188,14 @@ def test_output_under_a_file_is_a_clear_error(tmp_path, capsys, tiny_run):
 
 
 def test_console_script_and_module_entry_point():
-    for cmd in (["tinydit", "presets"], [sys.executable, "-m", "tinydit", "presets"]):
+    # -X importtime lists every module the command imported: the plotting, logging and export libraries
+    # cost seconds at every start (each rank of a torchrun job pays them), so they load where they are used
+    for cmd in (["tinydit", "presets"], [sys.executable, "-X", "importtime", "-m", "tinydit", "presets"]):
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         assert res.returncode == 0, res.stderr
         assert "dit-1.9m" in res.stdout and "(default)" in res.stdout
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in res.stderr.splitlines() if "|" in line}
+    assert "torch" in imported and "tinydit" in imported  # the listing is there to read
+    assert not imported & {"matplotlib", "tensorboard", "onnx", "onnxruntime", "onnxscript", "torchvision"}, imported
     res = subprocess.run(["tinydit", "sample", "--checkpoint", "nope.pt"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "does not exist" in res.stderr

@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import built_once
 from PIL import Image
 
 from tinydit.cli import main
@@ -22,9 +23,10 @@ def run(args, capsys):
 
 @pytest.fixture(scope="module")
 def text_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("text-run")
-    assert main(["train", "--data", "shapes", "--out", str(out), *FAST_TEXT]) == 0
-    return out / "checkpoint.pt"
+    def build(out):
+        assert main(["train", "--data", "shapes", "--out", str(out), *FAST_TEXT]) == 0
+
+    return built_once(tmp_path_factory, "text-run", build) / "checkpoint.pt"
 
 
 def test_sample_prompts_make_rows_of_a_grid(text_run, tmp_path, capsys):

@@ -2,7 +2,7 @@ import math
 
 import pytest
 import torch
-from conftest import fast_config
+from conftest import built_once, fast_config
 
 from tinydit.cli import main
 from tinydit.config import TrainConfig
@@ -21,9 +21,11 @@ DISTILL = dict(few_step="distill", distill_paths=24, teacher_steps=8, batch_size
 @pytest.fixture(scope="module")
 def teacher(tmp_path_factory):
     """A briefly trained shapes teacher: its checkpoint path."""
-    out = tmp_path_factory.mktemp("teacher")
-    Trainer(fast_config(out, steps=6), progress=False).fit()
-    return out / "checkpoint.pt"
+
+    def build(out):
+        Trainer(fast_config(out, steps=6), progress=False).fit()
+
+    return built_once(tmp_path_factory, "teacher", build) / "checkpoint.pt"
 
 
 @pytest.mark.parametrize("name", ["euler", "heun", "midpoint"])

@@ -9,8 +9,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from matplotlib.figure import Figure
-
 from tinydit.files import atomic_write
 
 __all__ = ["line_plot", "MARKERS"]
@@ -34,6 +32,8 @@ def line_plot(
     y is linear, or log10 when all values are positive and span more than a factor of 20. Points with a
     non-finite coordinate are left out. Colours follow matplotlib's "tab10" cycle.
     """
+    from matplotlib.figure import Figure  # here: matplotlib costs a second at every start of the CLI
+
     dpi = 100
     fig = Figure(figsize=(size[0] / dpi, size[1] / dpi), dpi=dpi, layout="constrained")
     ax = fig.add_subplot()
