@@ -57,6 +57,7 @@ TRAJECTORY_FIELDS = (
     "grad_clip",
     "ema_decay",
     "class_dropout",
+    "repa",
     "seed",
     "limit",
     "t_sampling",
@@ -127,6 +128,9 @@ class TrainConfig:
     grad_clip: float = 1.0  # clip the global gradient norm to this (0 = off)
     ema_decay: float = 0.999  # EMA of the weights used for sampling; warmed up as min(d, (1+s)/(10+s))
     class_dropout: float = 0.1  # probability of the null label (text: the empty caption), for guidance
+    # Weight of REPA's representation alignment (tinydit.train.repa): the tokens after the second block are
+    # pulled towards a shipped encoder's features of the clean image (shapes only). None or 0: off.
+    repa: float | None = None
     # Training times: uniform | logit-normal (SD3). None: logit-normal for text runs (it raised MMDiT's
     # all-attribute accuracy on shapes) and for class runs on RGB data, whose presets predict x (then also
     # shifted towards noise, see `t_shift`); uniform on Fashion-MNIST.
@@ -182,6 +186,8 @@ class TrainConfig:
             raise TinyDiTError(f"`classes` {self.classes!r} names no class: give names or ids, comma-separated")
         if self.limit is not None and self.limit < 1:
             raise TinyDiTError(f"`limit` must be >= 1, got {self.limit}")
+        if self.repa is not None and self.repa < 0:
+            raise TinyDiTError(f"`repa` must be >= 0 (0: off), got {self.repa}")
         if self.lr is not None and self.lr <= 0:
             raise TinyDiTError(f"`lr` must be > 0, got {self.lr}")
         if self.warmup < 0 or self.weight_decay < 0 or self.grad_clip < 0:

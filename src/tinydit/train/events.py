@@ -33,6 +33,7 @@ class Window:
 
     def __init__(self, device: torch.device, step: int):
         self.loss, self.n = torch.zeros((), device=device), 0
+        self.repa_loss: torch.Tensor | None = None  # REPA's alignment loss, summed, where the run aligns
         self.bin_loss = torch.zeros(N_T_BINS, device=device)
         self.bin_count = torch.zeros(N_T_BINS, device=device)
         self.started, self.step = Clock.now(), step
@@ -41,8 +42,12 @@ class Window:
         self.loss += loss
         self.n += 1
 
-    def add_times(self, t: torch.Tensor, per_sample: torch.Tensor) -> None:
-        """The per-image losses (n,) of plain flow matching at their times t (n,), into the bins of t."""
+    def add_times(self, t: torch.Tensor, per_sample: torch.Tensor, repa_loss: torch.Tensor | None = None) -> None:
+        """The per-image losses (n,) of plain flow matching at their times t (n,), into the bins of t; and the
+        step's REPA alignment loss, where the run aligns."""
+        if repa_loss is not None:
+            repa_loss = repa_loss.detach()
+            self.repa_loss = repa_loss if self.repa_loss is None else self.repa_loss + repa_loss
         bins = t_bins(t)
         self.bin_loss.index_add_(0, bins, per_sample.detach().float())
         self.bin_count.index_add_(0, bins, torch.ones_like(t))
@@ -58,6 +63,7 @@ class Window:
         img_s = (step - self.step) * trainer.batch_size / max(now - self.started, 1e-9)
         loss = world.sum(self.loss / self.n) / world.size
         by_t = world.sum(self.bin_loss) / world.sum(self.bin_count)
+        repa = None if self.repa_loss is None else (world.sum(self.repa_loss / self.n) / world.size).item()
         trainer.log.window(
             step,
             loss.item(),
@@ -66,8 +72,10 @@ class Window:
             seconds,
             by_t,
             trainer.budget.seconds_left(seconds),
+            repa,
         )
         self.bin_loss.zero_(), self.bin_count.zero_(), self.loss.zero_()
+        self.repa_loss = None
         self.n, self.started, self.step = 0, now, step
         return by_t
 

@@ -58,9 +58,18 @@ class RunLog:
             self.board.flush()
 
     def window(
-        self, step: int, loss: float, img_s: float, lr: float, seconds: float, by_t: torch.Tensor, left: float | None
+        self,
+        step: int,
+        loss: float,
+        img_s: float,
+        lr: float,
+        seconds: float,
+        by_t: torch.Tensor,
+        left: float | None,
+        repa_loss: float | None = None,
     ) -> None:
-        """Log the loss (overall and per bin of t: NaN where no time fell), rate and time of a window."""
+        """Log the flow-matching loss (overall and per bin of t: NaN where no time fell), rate and time of a
+        window, and REPA's alignment loss where the run aligns."""
         if not math.isfinite(loss):
             raise TinyDiTError(
                 f"the training loss became {loss} by step {step}; the last good checkpoint is kept. "
@@ -74,6 +83,7 @@ class RunLog:
                 "img_per_s": img_s,
                 "train_seconds": seconds,
                 "loss_by_t": [round(v, 5) if math.isfinite(v) else None for v in by_t.tolist()],
+                **({"repa_loss": repa_loss} if repa_loss is not None else {}),
             }
         )
         self.bar.set(loss=f"{loss:.4f}", **{"img/s": f"{img_s:.0f}"}, **({"left": left} if left is not None else {}))

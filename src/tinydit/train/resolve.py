@@ -21,6 +21,7 @@ from tinydit.flow.path import T_SAMPLINGS
 from tinydit.flow.samplers import FIXED_STEP_SAMPLERS, check_sampler_args
 from tinydit.models.presets import MLPS, MODEL_CONDS, MODEL_PRESETS, NORMS, POSITIONS, PREDICTIONS, default_preset
 from tinydit.tokens import parse_phrases
+from tinydit.train.repa import check_repa
 
 __all__ = [
     "resolve",
@@ -87,6 +88,8 @@ def resolve(cfg: TrainConfig) -> TrainConfig:
         cooldown_frac = BUDGET_COOLDOWN_FRAC if cfg.minutes is not None and not cfg.cooldown else 0.0
     if cfg.few_step == "distill":
         _check_teacher(cfg, cond)
+    repa = cfg.repa or 0.0
+    check_repa(repa, data, cfg.model, cfg.few_step)
     return replace(
         cfg,
         cond=cond,
@@ -98,6 +101,7 @@ def resolve(cfg: TrainConfig) -> TrainConfig:
         t_shift=cfg.t_shift or (NOISEWARD_SHIFT if rgb_class else 1.0),
         batch_size=cfg.batch_size or DEFAULT_BATCH_SIZES.get(data, 128),
         lr=cfg.lr or DEFAULT_LRS.get(data, 1e-3),
+        repa=repa,
     )
 
 

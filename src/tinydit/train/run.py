@@ -23,6 +23,7 @@ from tinydit.models.registry import build_model
 from tinydit.runtime import autocast, make_grad_scaler, maybe_compile
 from tinydit.train import optim
 from tinydit.train.checkpoint import restore
+from tinydit.train.repa import Alignment
 
 __all__ = ["Run", "TrainResult"]
 
@@ -60,6 +61,7 @@ class Run:
         compiled: bool,
         student_of: dict | None = None,
         unfused: bool = False,
+        repa_encoder: str | None = None,
     ):
         self.cfg = cfg
         torch.manual_seed(cfg.seed)
@@ -67,9 +69,11 @@ class Run:
         if student_of is not None:
             distill.init_student(self.model, student_of)
         self.ema = copy.deepcopy(self.model).requires_grad_(False).eval()
-        self.opt = optim.adamw(
-            self.model.parameters(), device, cfg.lr, cfg.weight_decay, fused=False if unfused else None
-        )
+        # REPA's projector trains beside the model (after it is copied: the EMA holds the model alone)
+        self.alignment = Alignment(self.model, repa_encoder).to(device) if repa_encoder else None
+        params = [*self.model.parameters(), *(self.alignment.parameters() if self.alignment else ())]
+        self.opt = optim.adamw(params, device, cfg.lr, cfg.weight_decay, fused=False if unfused else None)
+        self.world = world
         self.scaler = make_grad_scaler(device, precision)
         ddp = None
         if world.active:
@@ -84,6 +88,8 @@ class Run:
         """Continue from a checkpoint's weights, EMA, optimizer, scaler, step and seconds. A continuation on
         the same kind of device in the same precision also keeps its token-linear kernel: the
         alternatives round differently."""
+        if self.alignment is not None:  # before the optimizer's state, which holds the projector's moments
+            self.alignment.projector.load_state_dict(state["repa_projector"])
         self.step, self.train_seconds = restore(
             state, path, kind, config, classes, self.model, self.ema, self.opt, self.scaler
         )
@@ -108,9 +114,13 @@ class Run:
             group["lr"] = lr
         self.opt.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
+        if self.alignment is not None and self.world.active:  # outside DDP: its gradients averaged here
+            for p in self.alignment.parameters():
+                p.grad.copy_(self.world.sum(p.grad) / self.world.size)
         if self.cfg.grad_clip > 0:
             self.scaler.unscale_(self.opt)  # clip the true gradients, not the scaled ones
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+            params = [p for group in self.opt.param_groups for p in group["params"]]
+            torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)
         self.scaler.step(self.opt)
         self.scaler.update()
         optim.ema_update(self.ema, self.model, optim.ema_decay_at(self.cfg, self.step))
@@ -129,6 +139,7 @@ class Run:
             "model": unwrap(self.model).state_dict(),
             "ema": unwrap(self.ema).state_dict(),
             "optimizer": self.opt.state_dict(),
+            **({"repa_projector": self.alignment.projector.state_dict()} if self.alignment is not None else {}),
             "grad_scaler": self.scaler.state_dict(),
             "step": self.step,
             "train_seconds": self.train_seconds,

@@ -34,6 +34,7 @@ from tinydit.train.data import BatchOrder, canonical_data, prepare_data
 from tinydit.train.diagnostics import validation_losses
 from tinydit.train.events import Events, best_metric
 from tinydit.train.log import RunLog
+from tinydit.train.repa import repa_encoder
 from tinydit.train.resolve import resolve
 from tinydit.train.run import Run, TrainResult
 from tinydit.train.teacher import Distillation
@@ -113,7 +114,7 @@ class Trainer:
         unfused = state is not None and not state["optimizer"]["param_groups"][0].get("fused")
         student_of = teacher_state["ema"] if teacher_state is not None and state is None else None
         setup = (cfg.model, self.model_config, cfg, self.device, self.precision, self.world, self.compiled)
-        self.run = Run(*setup, student_of, unfused)
+        self.run = Run(*setup, student_of, unfused, repa_encoder(cfg.repa, self.data.name))
         if state is not None:  # also keeps its token-linear kernel where the device and precision are the same
             self.run.restore(state, self.ckpt_path, cfg.model, self.model_config, self.data.train_set.classes)
         elif overwrite and main:
@@ -154,10 +155,8 @@ class Trainer:
         return self.ckpt_path
 
     def train_step(self) -> torch.Tensor:
-        """One optimizer step; returns the (detached) loss of this rank's share without synchronising the device.
-
-        Every draw is made for the whole global batch, then each rank keeps its share (``World.share``).
-        """
+        """One optimizer step; returns this rank's (detached) flow-matching loss without synchronising the
+        device. Every draw is made for the whole global batch, then each rank keeps its share (``World.share``)."""
         cfg, dev, run = self.cfg, self.device, self.run
         g = optim.step_generator(cfg.seed, run.step)
         idx = self.order.indices(run.step)
@@ -182,8 +181,10 @@ class Trainer:
                 n_fm -= n_self_consistency(n_fm)  # the rest are self-consistency examples
             else:
                 per_sample = flow_loss(run.forward, x, y, t, noise, reduce=False)  # (n,)
-        self.events.window.add_times(t[:n_fm], per_sample[:n_fm])
-        return run.update(per_sample.mean(), self.budget.lr_at(run.step))
+            flow, align = per_sample.mean(), run.alignment.loss(x) if run.alignment else None  # REPA: tokens vs x
+        self.events.window.add_times(t[:n_fm], per_sample[:n_fm], align)
+        run.update(flow if align is None else flow + cfg.repa * align, self.budget.lr_at(run.step))
+        return flow.detach()  # the flow-matching loss: comparable with runs that do not align
 
     def validation_losses(self, model) -> tuple[float, list[float]]:
         """The loss on the fixed held-out images (a student: its teacher's validation paths) with fixed noise

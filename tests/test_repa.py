@@ -1,0 +1,102 @@
+"""REPA's representation alignment (tinydit.train.repa): what it trains, what it saves, what it refuses."""
+
+import json
+
+import pytest
+import torch
+from conftest import fast_config
+
+from tinydit import api
+from tinydit.errors import TinyDiTError
+from tinydit.eval.features import load_feature_net
+from tinydit.models.checkpoint import load_checkpoint
+from tinydit.models.dit import DiT
+from tinydit.models.dit_config import DiTConfig
+from tinydit.train import Trainer
+from tinydit.train.repa import REPA_DEPTH, Alignment
+
+
+def _states_equal(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _model(depth: int = 4) -> DiT:
+    torch.manual_seed(0)
+    return DiT(DiTConfig(img_size=32, in_channels=3, patch_size=4, dim=32, depth=depth, n_heads=2, n_classes=4))
+
+
+def test_the_alignment_trains_the_early_blocks_and_the_projector_only():
+    model = _model()
+    align = Alignment(model, "shapes_repa")
+    for p in model.parameters():  # past adaLN-Zero's zeros, so that every block passes a gradient
+        p.data.normal_(0, 0.05)
+    x0 = torch.rand(3, 3, 32, 32) * 2 - 1
+    model(torch.randn_like(x0), torch.rand(3), torch.tensor([0, 1, 2]))
+    loss = align.loss(x0)
+    assert -1 <= loss.item() <= 1
+    loss.backward()
+    grads = {n: p.grad is not None and p.grad.abs().sum() > 0 for n, p in model.named_parameters()}
+    early = [n for n in grads if n.startswith(tuple(f"blocks.{i}." for i in range(REPA_DEPTH)))]
+    assert early and all(grads[n] for n in early if "adaLN" not in n)
+    assert not any(v for n, v in grads.items() if n.startswith(("blocks.2.", "blocks.3.", "final.")))
+    assert all(p.grad is not None for p in align.projector.parameters())
+    # the encoder is frozen, outside the module's parameters and state
+    assert sum(p.numel() for p in align.parameters()) == sum(p.numel() for p in align.projector.parameters())
+    assert all(k.startswith("projector.") for k in align.state_dict())
+    with pytest.raises(TinyDiTError, match="forward pass on the same images first"):
+        align.loss(x0)  # the tokens of one forward pass are used once
+
+
+def test_the_target_is_the_shipped_encoder_feature_map_on_the_token_grid():
+    align = Alignment(_model(), "shapes_repa")
+    net, record = load_feature_net("shapes_repa")
+    assert record["data"] == "shapes"
+    x0 = torch.rand(2, 3, 32, 32) * 2 - 1
+    target = align.target(x0)  # (N, T, F): 8 x 8 tokens of 4 x 4 pixels
+    assert target.shape == (2, 64, net.feature_dim)
+    with torch.no_grad():
+        pooled = net.body(x0)  # the encoder's own global average of the same map
+    torch.testing.assert_close(target.mean(1), pooled, rtol=1e-4, atol=1e-5)
+
+
+def test_a_repa_run_continues_exactly_and_its_checkpoint_is_the_model_alone(tmp_path):
+    kw = dict(steps=6, batch_size=8, limit=20, repa=0.5)
+    straight = Trainer(fast_config(tmp_path / "a", **kw), progress=False)
+    straight.fit()
+    Trainer(fast_config(tmp_path / "b", **{**kw, "steps": 3}), progress=False).fit()
+    resumed = Trainer(fast_config(tmp_path / "b", **kw), progress=False)
+    assert resumed.run.step == 3
+    resumed.fit()
+    assert _states_equal(straight.run.model.state_dict(), resumed.run.model.state_dict())
+    assert _states_equal(straight.run.alignment.projector.state_dict(), resumed.run.alignment.projector.state_dict())
+    # and the alignment changed the training: a run without it ends elsewhere
+    plain = Trainer(fast_config(tmp_path / "c", **{**kw, "repa": 0.0}), progress=False)
+    plain.fit()
+    assert not _states_equal(straight.run.model.state_dict(), plain.run.model.state_dict())
+    # the log keeps the flow-matching loss and the alignment's apart
+    rows = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    logged = [r for r in rows if "loss" in r]
+    assert logged and all(-1 <= r["repa_loss"] <= 1 and r["loss"] > 0 for r in logged)
+    # the checkpoint samples as any other; the projector is training state, not part of the model
+    state = load_checkpoint(tmp_path / "a" / "checkpoint.pt")
+    assert "repa_projector" in state and state["train_config"]["repa"] == 0.5
+    assert state["model"].keys() == load_checkpoint(tmp_path / "c" / "checkpoint.pt")["model"].keys()
+    assert api.sample(tmp_path / "a" / "checkpoint.pt", 4, steps=2).x.shape == (4, 3, 32, 32)
+    # continuing with another weight is refused, naming the setting
+    with pytest.raises(TinyDiTError, match="repa: 0.5 -> 0.0"):
+        Trainer(fast_config(tmp_path / "a", **{**kw, "steps": 8, "repa": 0.0}), progress=False)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(repa=-1.0), "`repa` must be >= 0"),
+        (dict(repa=0.5, few_step="shortcut"), "`repa` works with `model` dit and `few_step` none"),
+        (dict(repa=0.5, model="mmdit", preset="mmdit-0.2m"), "`repa` works with `model` dit"),
+        (dict(repa=0.5, preset="dit-0.2m", data="fashion-mnist"), "there is one for shapes, not for fashion-mnist"),
+    ],
+)
+def test_an_alignment_the_run_cannot_do_is_refused_before_anything_is_written(tmp_path, change, message):
+    with pytest.raises(TinyDiTError, match=message):
+        Trainer(fast_config(tmp_path / "run", **change), progress=False)
+    assert not (tmp_path / "run").exists()
