@@ -4,6 +4,7 @@
     python scripts/shapes_levers.py --out /tmp/levers/ln --set steps=1750 --set t_sampling=logit-normal \
         --set t_shift=2.2
     python scripts/shapes_levers.py --out /tmp/levers/large --set steps=1750 --variant size=large
+    python scripts/shapes_levers.py --out /tmp/levers/muon --set steps=1500 --set cooldown=300 --muon
     python scripts/shapes_levers.py --score-only --out /tmp/levers/ln --sample ancestral:64:10:0.3-1
     python scripts/shapes_levers.py --calibrate        # the scores of real images: how strict the reader is
 
@@ -84,6 +85,62 @@ def score(checkpoint: Path, n: int, spec: str, ema: bool = True, seed: int = 0) 
     }
 
 
+def use_muon() -> None:
+    """Train with Muon (Jordan et al. 2024; ``torch.optim.Muon``) for the hidden matrices (the blocks', the
+    long skips' and the time embedding's 2-D weights) and AdamW for the rest, both at the trainer's learning
+    rate and schedule: ``adjust_lr_fn="match_rms_adamw"`` scales Muon's orthogonalised update to AdamW's
+    size (Liu et al. 2025, "Muon is Scalable for LLM Training"), so one rate serves both."""
+    import torch
+
+    from tinydit.train import optim, run
+
+    built = {}
+    build_model = run.build_model
+
+    def build(kind, config):
+        built["model"] = build_model(kind, config)
+        return built["model"]
+
+    class Muon:
+        """Muon and AdamW as one optimizer for the trainer: param_groups, step, zero_grad, state dicts."""
+
+        def __init__(self, lr: float, weight_decay: float):
+            hidden, rest = [], []
+            for name, p in built["model"].named_parameters():
+                is_hidden = p.dim() == 2 and name.startswith(("blocks.", "skip_proj.", "t_embed."))
+                (hidden if is_hidden else rest).append(p)
+            self.parts = (
+                torch.optim.Muon(hidden, lr=lr, weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw"),
+                torch.optim.AdamW(rest, lr=lr, betas=(0.9, 0.99), weight_decay=weight_decay),
+            )
+
+        @property
+        def param_groups(self):
+            return [g for part in self.parts for g in part.param_groups]
+
+        @property
+        def state(self):
+            return {k: v for part in self.parts for k, v in part.state.items()}
+
+        def zero_grad(self, set_to_none: bool = True) -> None:
+            for part in self.parts:
+                part.zero_grad(set_to_none)
+
+        def step(self, closure=None) -> None:
+            for part in self.parts:
+                part.step()
+
+        def state_dict(self) -> dict:
+            return {"muon": self.parts[0].state_dict(), "adamw": self.parts[1].state_dict()}
+
+        def load_state_dict(self, state: dict) -> None:
+            self.parts[0].load_state_dict(state["muon"])
+            self.parts[1].load_state_dict(state["adamw"])
+
+    run.build_model = build
+    run.optim.adamw = optim.adamw = lambda params, device, lr, weight_decay=0.0, fused=None: Muon(lr, weight_decay)
+
+
 def palette_share(u8) -> float:
     """The share of pixels of uint8 images (N, 3, H, W) within 40/255 (RGB distance) of a palette colour."""
     from tinydit.data.shapes import _PALETTE
@@ -159,6 +216,7 @@ def main() -> None:
     p.add_argument("--sample-seed", type=int, default=0, help="the sampling noise's seed")
     p.add_argument("--n", type=int, default=400, help="samples per --sample (class-balanced)")
     p.add_argument("--score-only", action="store_true", help="score the checkpoint already in --out")
+    p.add_argument("--muon", action="store_true", help="train the hidden matrices with Muon, the rest with AdamW")
     p.add_argument("--weights", choices=("ema", "raw"), default="ema", help="sample with the EMA or the raw weights")
     args = p.parse_args()
     if args.calibrate:
@@ -183,6 +241,9 @@ def main() -> None:
             )
         from tinydit.config import TrainConfig
         from tinydit.train import Trainer
+
+        if args.muon:
+            use_muon()
 
         fields = {k: parse_value(v) for k, v in (a.split("=", 1) for a in args.set)}
         if args.model_set:
