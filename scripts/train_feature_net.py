@@ -2,6 +2,13 @@
 
     python scripts/train_feature_net.py --data fashion-mnist
     python scripts/train_feature_net.py --data shapes
+    python scripts/train_feature_net.py --data shapes --epochs 2 --seed 101 --geometry --name shapes_repa
+
+The first two are the evaluation's feature networks (``tinydit.eval.features.FEATURE_NETS``); the third is
+the encoder whose features training aligns the model's tokens to (``--repa``, ``tinydit.train.repa``): the
+same architecture with another seed, so that training never optimises the network that scores it, and with
+``--geometry`` also taught, at every cell of its 8 x 8 feature map, where the image's shape has its centre
+and how large it is (the render's own attributes), so that its features say where a shape's parts belong.
 
 Deterministic for a seed on a CPU. Writes src/tinydit/assets/<name>.pt (a plain state dict) and its
 SHA-256, test accuracy, training command, torch version and date into the manifest.
@@ -14,10 +21,52 @@ import sys
 import time
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from tinydit.data import load_dataset
+from tinydit.data.shapes import SHAPES, make_shapes
 from tinydit.eval.evaluate import eval_spec, to_eval_images
-from tinydit.eval.features import ASSETS, FEATURE_NETS, extract, file_sha256, train_feature_net
+from tinydit.eval.features import ASSETS, FEATURE_NETS, FeatureNet, extract, file_sha256, train_feature_net
+from tinydit.images import from_uint8
+
+
+def train_geometry_net(epochs: int, seed: int, batch_size: int = 128, lr: float = 2e-3) -> FeatureNet:
+    """A shapes FeatureNet trained on the class and, densely, on the geometry: a 1x1 convolution on its last
+    feature map (N, F, 8, 8) regresses at every cell the offset from the cell's centre to the shape's centre
+    (in units of 8 px) and the shape's size (size / 16 - 1); the loss is cross-entropy + 10 x that MSE. The
+    regression head is dropped afterwards: the network is saved as any FeatureNet."""
+    torch.manual_seed(seed)
+    images, labels, attrs = make_shapes(20000, 0)  # the training split of `shapes`
+    x, y = from_uint8(torch.from_numpy(images)), torch.from_numpy(labels)
+    cx, cy = torch.tensor([a["cx"] for a in attrs]), torch.tensor([a["cy"] for a in attrs])
+    size = torch.tensor([a["size_px"] for a in attrs])
+    centres = (torch.arange(8) + 0.5) * 4  # the cells' centres in px
+    tx = (cx[:, None, None] - centres[None, None, :]) / 8  # (N, 1, 8): along the columns
+    ty = (cy[:, None, None] - centres[None, :, None]) / 8  # (N, 8, 1): along the rows
+    target = torch.stack([tx.expand(-1, 8, 8), ty.expand(-1, 8, 8), (size / 16 - 1)[:, None, None].expand(-1, 8, 8)], 1)
+    net = FeatureNet(3, len(SHAPES))
+    pool = next(i for i, m in enumerate(net.body) if isinstance(m, nn.AdaptiveAvgPool2d))
+    trunk, dense = net.body[:pool], nn.Conv2d(net.feature_dim, 3, 1)
+    opt = torch.optim.AdamW([*net.parameters(), *dense.parameters()], lr=lr, weight_decay=5e-4)
+    steps = epochs * (len(x) // batch_size)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps)
+    gen = torch.Generator().manual_seed(seed)
+    net.train()
+    for epoch in range(epochs):
+        perm = torch.randperm(len(x), generator=gen)
+        for i in range(len(x) // batch_size):
+            idx = perm[i * batch_size : (i + 1) * batch_size]
+            f = trunk(x[idx])  # (B, F, 8, 8)
+            ce = F.cross_entropy(net.head(f.mean((2, 3))), y[idx])
+            mse = F.mse_loss(dense(f), target[idx])
+            loss = ce + 10 * mse
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+        print(f"epoch {epoch + 1}/{epochs}: cross-entropy {ce.item():.4f}, geometry MSE {mse.item():.4f}", flush=True)
+    return net.eval()
 
 
 def main() -> None:
@@ -25,15 +74,22 @@ def main() -> None:
     parser.add_argument("--data", required=True, choices=sorted(FEATURE_NETS))
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--name", default=None, help="the file's name (default: the data set's evaluation network)")
+    parser.add_argument("--geometry", action="store_true", help="shapes: also regress each cell's offset to the centre")
     args = parser.parse_args()
     torch.set_num_threads(torch.get_num_threads())
-    name = FEATURE_NETS[args.data]
+    name = args.name or FEATURE_NETS[args.data]
 
     train = load_dataset(args.data, train=True)
     test = load_dataset(args.data, train=False, shapes_size=eval_spec(args.data).reference_size)
     x_train, x_test = to_eval_images(train.images, args.data), to_eval_images(test.images, args.data)
     started = time.perf_counter()
-    net = train_feature_net(x_train, train.labels, len(train.classes), epochs=args.epochs, seed=args.seed)
+    if args.geometry:
+        if args.data != "shapes":
+            parser.error("--geometry needs the render's attributes: --data shapes")
+        net = train_geometry_net(args.epochs, args.seed)
+    else:
+        net = train_feature_net(x_train, train.labels, len(train.classes), epochs=args.epochs, seed=args.seed)
     seconds = time.perf_counter() - started
     _, preds = extract(net, x_test)
     accuracy = (preds == test.labels).double().mean().item()

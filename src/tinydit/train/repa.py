@@ -8,7 +8,10 @@ its own noisy inputs alone; its early blocks learn one by imitation.
 
 The encoder is a shipped network of the evaluation's architecture (``tinydit.eval.features.FeatureNet``)
 trained with another seed than the one that scores the samples, so that training does not optimise its
-own judge. Its last feature map before the global average, pooled to the token grid, is the target. The
+own judge, and taught besides the class, at every cell of its feature map, where the image's shape has its
+centre and how large it is (``scripts/train_feature_net.py --geometry``): a token aligned to it knows which
+part of the shape it must draw. Its last feature map before the global average, pooled to the token grid,
+is the target. The
 projector is training state (saved in the checkpoint, continued with the run), not part of the model: a
 sampled or exported model is the DiT alone.
 """
