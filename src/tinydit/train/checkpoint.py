@@ -61,7 +61,6 @@ def check_same_run(
         for name in TRAJECTORY_FIELDS
         if name != "data"
         and getattr(old, name) != new[name]
-        and not (name == "repa" and (old.repa or 0.0) == new[name])  # written before `repa` existed: 0
         # The cool-down's share of a time budget matters only once its plan is made (the decay begins then).
         and not (name == "cooldown_frac" and state.get("plan") is None)
     ]

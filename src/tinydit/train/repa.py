@@ -11,9 +11,8 @@ trained with another seed than the one that scores the samples, so that training
 own judge, and taught besides the class, at every cell of its feature map, where the image's shape has its
 centre and how large it is (``scripts/train_feature_net.py --geometry``): a token aligned to it knows which
 part of the shape it must draw. Its last feature map before the global average, pooled to the token grid,
-is the target. The
-projector is training state (saved in the checkpoint, continued with the run), not part of the model: a
-sampled or exported model is the DiT alone.
+is the target. The projector is training state (saved in the checkpoint, continued with the run), not part
+of the model: a sampled or exported model is the DiT alone.
 """
 
 from __future__ import annotations
@@ -65,7 +64,7 @@ class Alignment(nn.Module):
         super().__init__()
         if model.config.depth < REPA_DEPTH:
             raise TinyDiTError(f"`repa` aligns the tokens after block {REPA_DEPTH}; the model has {model.config.depth}")
-        net, self.record = load_feature_net(encoder)
+        net, _ = load_feature_net(encoder)
         body = list(net.body)
         pool = next(i for i, m in enumerate(body) if isinstance(m, nn.AdaptiveAvgPool2d))
         # Not a submodule: frozen, shipped with the package, and not part of the run's state.

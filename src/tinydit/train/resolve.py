@@ -88,8 +88,7 @@ def resolve(cfg: TrainConfig) -> TrainConfig:
         cooldown_frac = BUDGET_COOLDOWN_FRAC if cfg.minutes is not None and not cfg.cooldown else 0.0
     if cfg.few_step == "distill":
         _check_teacher(cfg, cond)
-    repa = cfg.repa or 0.0
-    check_repa(repa, data, cfg.model, cfg.few_step)
+    check_repa(cfg.repa, data, cfg.model, cfg.few_step)
     return replace(
         cfg,
         cond=cond,
@@ -101,7 +100,6 @@ def resolve(cfg: TrainConfig) -> TrainConfig:
         t_shift=cfg.t_shift or (NOISEWARD_SHIFT if rgb_class else 1.0),
         batch_size=cfg.batch_size or DEFAULT_BATCH_SIZES.get(data, 128),
         lr=cfg.lr or DEFAULT_LRS.get(data, 1e-3),
-        repa=repa,
     )
 
 

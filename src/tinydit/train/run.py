@@ -115,8 +115,10 @@ class Run:
         self.opt.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
         if self.alignment is not None and self.world.active:  # outside DDP: its gradients averaged here
-            for p in self.alignment.parameters():
-                p.grad.copy_(self.world.sum(p.grad) / self.world.size)
+            grads = [p.grad for p in self.alignment.parameters()]
+            mean = self.world.sum(torch.cat([g.flatten() for g in grads])) / self.world.size  # one collective
+            for g, m in zip(grads, mean.split([g.numel() for g in grads]), strict=True):
+                g.copy_(m.view_as(g))
         if self.cfg.grad_clip > 0:
             self.scaler.unscale_(self.opt)  # clip the true gradients, not the scaled ones
             params = [p for group in self.opt.param_groups for p in group["params"]]
