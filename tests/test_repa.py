@@ -7,6 +7,7 @@ import torch
 from conftest import fast_config
 
 from tinydit import api
+from tinydit.data.shapes import ShapesDataset
 from tinydit.errors import TinyDiTError
 from tinydit.eval.features import load_feature_net
 from tinydit.models.checkpoint import load_checkpoint
@@ -57,6 +58,22 @@ def test_the_target_is_the_shipped_encoder_feature_map_on_the_token_grid():
     with torch.no_grad():
         pooled = net.body(x0)  # the encoder's own global average of the same map
     torch.testing.assert_close(target.mean(1), pooled, rtol=1e-4, atol=1e-5)
+
+
+def test_the_target_in_bf16_points_where_the_float32_target_points():
+    """A bf16 run's autocast computes the encoder in bf16: on real images its features keep their direction
+    (what the cosine loss reads) to within bf16's rounding. A wrong bf16 kernel for one of its convolutions
+    (as oneDNN's for the patch embedding's shape was, tests/test_model.py) would turn them elsewhere."""
+    align = Alignment(_model(), "shapes_repa")
+    x0 = torch.stack([ShapesDataset(n=16, train=False)[i][0] for i in range(16)])
+    full = align.target(x0)
+    with torch.autocast("cpu", torch.bfloat16):
+        half = align.target(x0)
+    assert half.dtype == torch.float32
+    cos = torch.nn.functional.cosine_similarity(full, half, dim=-1)  # (N, T)
+    assert cos.min() > 0.999, cos.min()
+    # and a cosine this close is not what any two feature maps give: other images' are far from it
+    assert torch.nn.functional.cosine_similarity(full, full.roll(1, 0), dim=-1).mean() < 0.9
 
 
 def test_a_repa_run_continues_exactly_and_its_checkpoint_is_the_model_alone(tmp_path):

@@ -85,10 +85,13 @@ class Alignment(nn.Module):
 
     @torch.no_grad()
     def target(self, x0: torch.Tensor) -> torch.Tensor:
-        """The encoder's features of clean images x0 (N, C, H, W) on the token grid: (N, T, F)."""
+        """The encoder's features of clean images x0 (N, C, H, W) on the token grid: float32 (N, T, F).
+
+        The encoder runs in the caller's precision (a bf16 run's autocast): its features are a direction
+        to align to, which bf16 keeps (tests/test_repa.py compares them with float32's), and in float32
+        the encoder would cost more than the projector's forward and backward together."""
         encoder = self._encoder[0].to(x0.device)
-        with torch.autocast(x0.device.type, enabled=False):  # the target in float32, whatever the run trains in
-            feats = encoder(x0.float())  # (N, F, h, w)
+        feats = encoder(x0).float()  # (N, F, h, w)
         feats = F.adaptive_avg_pool2d(feats, self.grid)  # (N, F, grid, grid), row-major as the tokens
         return feats.flatten(2).transpose(1, 2)  # (N, T, F)
 
