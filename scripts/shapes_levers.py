@@ -5,6 +5,7 @@
         --set t_shift=2.2
     python scripts/shapes_levers.py --out /tmp/levers/large --set steps=1750 --variant size=large
     python scripts/shapes_levers.py --out /tmp/levers/muon --set steps=1500 --set cooldown=300 --muon
+    python scripts/shapes_levers.py --out /tmp/levers/cap --set steps=1500 --set cooldown=300 --weight-cap 0.5
     python scripts/shapes_levers.py --score-only --out /tmp/levers/ln --sample ancestral:64:10:0.3-1
     python scripts/shapes_levers.py --calibrate        # the scores of real images: how strict the reader is
 
@@ -141,6 +142,22 @@ def use_muon() -> None:
     run.optim.adamw = optim.adamw = lambda params, device, lr, weight_decay=0.0, fused=None: Muon(lr, weight_decay)
 
 
+def cap_weight(t_cap: float) -> None:
+    """Cap the flow loss's weight on the clean image's error below ``t_cap``: each image's velocity loss, which
+    is |x0 - x0_hat|^2 / t^2 for an x-predicting model, times min(1, (t / t_cap)^2). The weight then stops
+    growing at 1 / t_cap^2 (Min-SNR-gamma's clamp, Hang et al. 2023, on flow matching's weight), so that the
+    few images near t = 0 no longer give most of a batch's gradient (scripts/gradient_by_t.py)."""
+    import tinydit.train.trainer as trainer
+
+    flow_loss = trainer.flow_loss
+
+    def capped(model, x0, y, t, noise, reduce=True):
+        per_sample = flow_loss(model, x0, y, t, noise, reduce=False) * (t.float() / t_cap).pow(2).clamp(max=1.0)
+        return per_sample.mean() if reduce else per_sample
+
+    trainer.flow_loss = capped
+
+
 def palette_share(u8) -> float:
     """The share of pixels of uint8 images (N, 3, H, W) within 40/255 (RGB distance) of a palette colour."""
     from tinydit.data.shapes import _PALETTE
@@ -217,6 +234,9 @@ def main() -> None:
     p.add_argument("--n", type=int, default=400, help="samples per --sample (class-balanced)")
     p.add_argument("--score-only", action="store_true", help="score the checkpoint already in --out")
     p.add_argument("--muon", action="store_true", help="train the hidden matrices with Muon, the rest with AdamW")
+    p.add_argument(
+        "--weight-cap", type=float, default=None, metavar="T", help="cap the loss's weight on x0's error below t = T"
+    )
     p.add_argument("--weights", choices=("ema", "raw"), default="ema", help="sample with the EMA or the raw weights")
     args = p.parse_args()
     if args.calibrate:
@@ -244,6 +264,8 @@ def main() -> None:
 
         if args.muon:
             use_muon()
+        if args.weight_cap:
+            cap_weight(args.weight_cap)
 
         fields = {k: parse_value(v) for k, v in (a.split("=", 1) for a in args.set)}
         if args.model_set:
