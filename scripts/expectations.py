@@ -24,6 +24,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from tinydit.config import TrainConfig
+from tinydit.train.resolve import resolve
 
 HEADERS = {
     "shapes": (
@@ -76,9 +77,9 @@ def flag_words(name: str, value) -> list[str]:
 def train_command(train: dict) -> str:
     """The shortest `tinydit train` command whose config resolves to ``train`` (config.json's "train")."""
     budget = {"minutes": train.get("minutes"), "steps": train.get("steps")}
-    defaults = TrainConfig(
-        data=train["data"], model=train.get("model", "dit"), cond=train.get("cond"), **budget
-    ).to_dict()
+    # config.json holds the resolved config, so the defaults it is compared with are resolved too
+    given = TrainConfig(data=train["data"], model=train.get("model", "dit"), cond=train.get("cond"), **budget)
+    defaults = resolve(given).to_dict()
     words = ["tinydit", "train", "--data", train["data"]]
     words += [w for k in ("minutes", "steps") if budget[k] is not None for w in flag_words(k, budget[k])]
     for name, value in train.items():

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tinydit.config import TrainConfig
+from tinydit.train.resolve import resolve
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "expectations.py"
 
@@ -24,7 +25,7 @@ def expectations():
 
 
 def write_run(root: Path, metrics: dict, **train) -> tuple[Path, Path]:
-    cfg = TrainConfig(**train)
+    cfg = resolve(TrainConfig(**train))  # as the trainer writes it
     run, evaluation = root / "run", root / "eval"
     run.mkdir()
     evaluation.mkdir()
