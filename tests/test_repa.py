@@ -7,6 +7,7 @@ import torch
 from conftest import fast_config
 
 from tinydit import api
+from tinydit.config import TrainConfig
 from tinydit.data.shapes import ShapesDataset
 from tinydit.errors import TinyDiTError
 from tinydit.eval.features import load_feature_net
@@ -15,6 +16,7 @@ from tinydit.models.dit import DiT
 from tinydit.models.dit_config import DiTConfig
 from tinydit.train import Trainer
 from tinydit.train.repa import REPA_DEPTH, Alignment
+from tinydit.train.resolve import resolve
 
 
 def _states_equal(a: dict, b: dict) -> bool:
@@ -117,3 +119,40 @@ def test_an_alignment_the_run_cannot_do_is_refused_before_anything_is_written(tm
     with pytest.raises(TinyDiTError, match=message):
         Trainer(fast_config(tmp_path / "run", **change), progress=False)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "given, expected",
+    [
+        (dict(data="shapes"), 0.5),  # the default: shapes class runs of a DiT align
+        (dict(data="shapes", repa=0.0), 0.0),  # and may be told not to
+        (dict(data="shapes", repa=1.0), 1.0),
+        (dict(data="fashion-mnist"), 0.0),  # no shipped encoder
+        (dict(data="shapes", cond="text"), 0.0),  # text runs: not measured with it
+        (dict(data="shapes", model="mmdit"), 0.0),
+        (dict(data="shapes", few_step="shortcut"), 0.0),
+    ],
+)
+def test_the_alignment_is_on_by_default_where_it_was_measured_and_off_elsewhere(given, expected):
+    assert resolve(TrainConfig(out="unused", **given)).repa == expected
+
+
+def test_a_dataset_object_is_not_aligned_to_the_encoder_of_the_name_in_the_config():
+    """api.train(cfg, dataset=...) trains the object, whatever `data` says: no shipped encoder knows it."""
+    assert resolve(TrainConfig(out="unused", data="shapes"), "dataset:Stripes").repa == 0.0
+    with pytest.raises(TinyDiTError, match="there is one for shapes, not for dataset:Stripes"):
+        resolve(TrainConfig(out="unused", data="shapes", repa=0.5), "dataset:Stripes")
+
+
+def test_a_run_stored_before_the_alignment_existed_reads_as_one_without_it(tmp_path):
+    """Its stored config has no `repa`: it continues with `repa` 0, and the new default is refused by name."""
+    Trainer(fast_config(tmp_path, steps=2, repa=0.0), progress=False).fit()
+    state = load_checkpoint(tmp_path / "checkpoint.pt")
+    del state["train_config"]["repa"]
+    torch.save(state, tmp_path / "checkpoint.pt")
+    assert TrainConfig.from_dict(state["train_config"]).repa == 0.0
+    with pytest.raises(TinyDiTError, match="repa: 0.0 -> 0.5"):
+        Trainer(fast_config(tmp_path, steps=4), progress=False)  # the default now aligns
+    trainer = Trainer(fast_config(tmp_path, steps=4, repa=0.0), progress=False)
+    assert trainer.run.step == 2 and trainer.run.alignment is None
+    trainer.close()

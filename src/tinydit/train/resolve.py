@@ -32,6 +32,7 @@ __all__ = [
     "DEFAULT_STEPS",
     "DEFAULT_BATCH_SIZES",
     "DEFAULT_LRS",
+    "DEFAULT_REPA",
 ]
 
 # Caption combinations a shapes text run never sees unless told otherwise (`holdout`): prompt adherence
@@ -49,6 +50,10 @@ DEFAULT_STEPS = 2000  # a run given neither `steps` nor `minutes`
 DEFAULT_BATCH_SIZES = {"shapes": 64}
 # The default peak learning rate per data set, else 1e-3; shapes at batch 64 takes 2e-3, its edge of stability.
 DEFAULT_LRS = {"shapes": 2e-3}
+# The default weight of REPA's alignment for class runs of a DiT, per data set (one with a shipped encoder,
+# tinydit.train.repa), else 0: aligned to an encoder that knows where a shape's centre is, the model learns
+# to lay out crosses, which no run without it drew; REPA's own weight.
+DEFAULT_REPA = {"shapes": 0.5}
 
 # The values each TrainConfig field with a closed set takes, from its owner, for the CLI's --help (the
 # architecture switches are checked where the model's config is built, tinydit.models.dit_config).
@@ -64,8 +69,11 @@ CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
-def resolve(cfg: TrainConfig) -> TrainConfig:
-    """``cfg`` with its defaults filled for its data set and model type, its names checked: a new config."""
+def resolve(cfg: TrainConfig, data_name: str | None = None) -> TrainConfig:
+    """``cfg`` with its defaults filled for its data set and model type, its names checked: a new config.
+
+    ``data_name``: the name the run records for its data, where a Dataset object is trained instead of
+    ``cfg.data`` ("dataset:<class>"); the alignment needs an encoder for the data it really trains on."""
     if cfg.model not in MODEL_CONDS:
         raise TinyDiTError(f"unknown `model` {cfg.model!r}: use one of {', '.join(MODEL_CONDS)}")
     if cfg.t_sampling is not None and cfg.t_sampling not in T_SAMPLINGS:
@@ -88,7 +96,11 @@ def resolve(cfg: TrainConfig) -> TrainConfig:
         cooldown_frac = BUDGET_COOLDOWN_FRAC if cfg.minutes is not None and not cfg.cooldown else 0.0
     if cfg.few_step == "distill":
         _check_teacher(cfg, cond)
-    check_repa(cfg.repa, data, cfg.model, cfg.few_step)
+    repa = cfg.repa
+    if repa is None:
+        aligned = (cfg.model, cond, cfg.few_step) == ("dit", "class", "none")
+        repa = DEFAULT_REPA.get(data_name or data, 0.0) if aligned else 0.0
+    check_repa(repa, data_name or data, cfg.model, cfg.few_step)
     return replace(
         cfg,
         cond=cond,
@@ -100,6 +112,7 @@ def resolve(cfg: TrainConfig) -> TrainConfig:
         t_shift=cfg.t_shift or (NOISEWARD_SHIFT if rgb_class else 1.0),
         batch_size=cfg.batch_size or DEFAULT_BATCH_SIZES.get(data, 128),
         lr=cfg.lr or DEFAULT_LRS.get(data, 1e-3),
+        repa=repa,
     )
 
 

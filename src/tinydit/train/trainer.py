@@ -58,7 +58,8 @@ class Trainer:
         dataset: Dataset | None = None,
         val_dataset: Dataset | None = None,
     ):
-        self.cfg, self.progress = resolve(cfg), progress  # its defaults filled for the data set, once
+        # its defaults filled for the data set, once
+        self.cfg, self.progress = resolve(cfg, canonical_data(cfg, dataset)), progress
         self.out, self.ckpt_path = Path(cfg.out), Path(cfg.out) / "checkpoint.pt"
         # Held from before the checkpoint is read until fit() ends: one trainer per run directory.
         self.lock = RunDirLock(self.out)
