@@ -28,6 +28,7 @@ FAST = dict(
     warmup=2,
     precision="fp32",
     report=False,
+    repa=0.0,  # the alignment's encoder and projector, on every step of every short run: tested in test_repa.py
 )
 
 

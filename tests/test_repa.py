@@ -152,7 +152,7 @@ def test_a_run_stored_before_the_alignment_existed_reads_as_one_without_it(tmp_p
     torch.save(state, tmp_path / "checkpoint.pt")
     assert TrainConfig.from_dict(state["train_config"]).repa == 0.0
     with pytest.raises(TinyDiTError, match="repa: 0.0 -> 0.5"):
-        Trainer(fast_config(tmp_path, steps=4), progress=False)  # the default now aligns
+        Trainer(fast_config(tmp_path, steps=4, repa=None), progress=False)  # the default now aligns
     trainer = Trainer(fast_config(tmp_path, steps=4, repa=0.0), progress=False)
     assert trainer.run.step == 2 and trainer.run.alignment is None
     trainer.close()
