@@ -36,19 +36,19 @@ def main() -> None:
     model.train()
     data = load_dataset(state["data"]["name"], train=False, limit=max(512, args.batch))
     gen = torch.Generator().manual_seed(args.seed)
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = [w for w in model.parameters() if w.requires_grad]
     for t0 in args.t:
         losses, norms = [], []
         for _ in range(args.repeats):
             idx = torch.randperm(len(data), generator=gen)[: args.batch]
-            x0 = torch.stack([data[int(i)][0] for i in idx])  # (N, C, H, W)
-            y = torch.tensor([data[int(i)][1] for i in idx])  # (N,)
+            images, labels = zip(*(data[int(i)] for i in idx), strict=True)  # each image read once
+            x0, y = torch.stack(images), torch.tensor(labels)  # (N, C, H, W), (N,)
             noise = torch.randn(x0.shape, generator=gen)
             model.zero_grad(set_to_none=True)
             with autocast(torch.device("cpu"), args.precision):
                 loss = flow_loss(model, x0, y, torch.full((args.batch,), t0), noise)
             loss.backward()
-            norms.append(torch.sqrt(sum(p.grad.float().pow(2).sum() for p in params if p.grad is not None)).item())
+            norms.append(torch.sqrt(sum(w.grad.float().pow(2).sum() for w in params if w.grad is not None)).item())
             losses.append(loss.item())
         row = {"t": t0, "loss": sum(losses) / len(losses), "grad_norm": sum(norms) / len(norms)}
         print(json.dumps({k: round(v, 4) for k, v in row.items()}), flush=True)

@@ -96,11 +96,12 @@ def resolve(cfg: TrainConfig, data_name: str | None = None) -> TrainConfig:
         cooldown_frac = BUDGET_COOLDOWN_FRAC if cfg.minutes is not None and not cfg.cooldown else 0.0
     if cfg.few_step == "distill":
         _check_teacher(cfg, cond)
+    trained_on = data_name or data  # what the alignment's encoder must know
     repa = cfg.repa
     if repa is None:
         aligned = (cfg.model, cond, cfg.few_step) == ("dit", "class", "none")
-        repa = DEFAULT_REPA.get(data_name or data, 0.0) if aligned else 0.0
-    check_repa(repa, data_name or data, cfg.model, cfg.few_step)
+        repa = DEFAULT_REPA.get(trained_on, 0.0) if aligned else 0.0
+    check_repa(repa, trained_on, cfg.model, cfg.few_step)
     return replace(
         cfg,
         cond=cond,
