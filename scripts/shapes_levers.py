@@ -105,11 +105,15 @@ def use_muon() -> None:
     class Muon:
         """Muon and AdamW as one optimizer for the trainer: param_groups, step, zero_grad, state dicts."""
 
-        def __init__(self, lr: float, weight_decay: float):
-            hidden, rest = [], []
-            for name, p in built["model"].named_parameters():
-                is_hidden = p.dim() == 2 and name.startswith(("blocks.", "skip_proj.", "t_embed."))
-                (hidden if is_hidden else rest).append(p)
+        def __init__(self, params, lr: float, weight_decay: float):
+            # `params` are the trainer's: the model's, and the alignment's projector where the run aligns.
+            named = built["model"].named_parameters()
+            is_hidden = {
+                id(p) for n, p in named if p.dim() == 2 and n.startswith(("blocks.", "skip_proj.", "t_embed."))
+            }
+            params = list(params)
+            hidden = [p for p in params if id(p) in is_hidden]
+            rest = [p for p in params if id(p) not in is_hidden]
             self.parts = (
                 torch.optim.Muon(hidden, lr=lr, weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw"),
                 torch.optim.AdamW(rest, lr=lr, betas=(0.9, 0.99), weight_decay=weight_decay),
@@ -139,7 +143,9 @@ def use_muon() -> None:
             self.parts[1].load_state_dict(state["adamw"])
 
     run.build_model = build
-    run.optim.adamw = optim.adamw = lambda params, device, lr, weight_decay=0.0, fused=None: Muon(lr, weight_decay)
+    run.optim.adamw = optim.adamw = lambda params, device, lr, weight_decay=0.0, fused=None: Muon(
+        params, lr, weight_decay
+    )
 
 
 def cap_weight(t_cap: float) -> None:
