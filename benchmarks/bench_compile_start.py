@@ -1,0 +1,98 @@
+"""What compiling costs at the start of a run and gains per step: `tinydit train` compiled and eager, from an
+empty Inductor cache, as a user's first run meets it.
+
+    python benchmarks/bench_compile_start.py [--data shapes] [--batch-size 64 32] [--steps 300] [--precision bf16]
+
+Each row is one `tinydit train --steps N --cooldown 0` process with its own empty ``TORCHINDUCTOR_CACHE_DIR``
+(no sample grid, validation or checkpoint before the end, so that no other input shape compiles), read back
+from its ``metrics.jsonl``: the seconds to step 50 (imports excluded; compiling happens in the first step)
+and the steady rate from step 100 to the last. Runs alternate compiled and eager for each batch size, so
+that drift in the machine's speed falls on both. The last line says how many steps a budget of
+``--minutes`` holds each way at these rates: compiling pays when the faster steps win its start back. A
+real run holds fewer either way: its sample grids and validation batches take time, and compiled, each of
+their input shapes compiles once more.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+NEVER = 10**8  # a step no run here reaches: no grid, validation or checkpoint before the end
+
+
+def one_run(root: Path, data: str, batch: int, compiled: bool, steps: int, precision: str) -> dict:
+    """Train once in a fresh process and cache; the start-up and steady rate from its metrics."""
+    out = root / f"run{len(list(root.iterdir()))}"
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(out) + ".inductor"}
+    on = "on" if compiled else "off"
+    flags = (
+        f"train --data {data} --steps {steps} --cooldown 0 --batch-size {batch} --compile {on} --precision {precision}"
+        f" --no-report --no-progress --log-every 50 --sample-every {NEVER} "
+        f"--val-every {NEVER} --ckpt-every {NEVER}"
+    )
+    cmd = [sys.executable, "-m", "tinydit", *flags.split(), "--out", str(out)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    seconds = {r["step"]: r["train_seconds"] for r in rows if "img_per_s" in r}
+    last = max(seconds)
+    rate = (last - 100) / (seconds[last] - seconds[100])
+    return {"batch": batch, "compiled": compiled, "to_step_50": seconds[50], "steps_per_s": rate}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", default="shapes")
+    p.add_argument("--batch-size", type=int, nargs="+", default=[64])
+    p.add_argument("--steps", type=int, default=300, help="steps per run (at least 200)")
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--precision", default="auto")
+    p.add_argument("--minutes", type=float, default=5.0, help="the budget the last lines weigh compiling for")
+    args = p.parse_args()
+    if args.steps < 200:
+        p.error("--steps must be at least 200: the steady rate is read from step 100 on")
+    cpu = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():  # Linux names the model; platform gives only the architecture there
+        names = [
+            line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")
+        ]
+        cpu = names[0] if names else cpu
+    capability = torch.backends.cpu.get_cpu_capability()
+    print(f"{cpu} ({capability}), torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print("| batch | compiled | seconds to step 50 | steps/s after step 100 | images/s |")
+    print("|---|---|---|---|---|")
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(args.repeats):
+            for batch in args.batch_size:
+                for compiled in (True, False):
+                    r = one_run(Path(tmp), args.data, batch, compiled, args.steps, args.precision)
+                    results.append(r)
+                    yes, rate = "yes" if compiled else "no", r["steps_per_s"]
+                    print(f"| {batch} | {yes} | {r['to_step_50']:.1f} | {rate:.2f} | {rate * batch:.0f} |")
+    budget = args.minutes * 60
+    for batch in args.batch_size:
+        held = {}
+        for compiled in (True, False):
+            rs = [r for r in results if r["batch"] == batch and r["compiled"] == compiled]
+            start = sorted(r["to_step_50"] for r in rs)[len(rs) // 2]  # medians over the repeats
+            rate = sorted(r["steps_per_s"] for r in rs)[len(rs) // 2]
+            held[compiled] = 50 + max(budget - start, 0) * rate
+        print(
+            f"batch {batch}, {args.minutes:g} minutes: about {held[True]:.0f} steps compiled, {held[False]:.0f} eager"
+        )
+
+
+if __name__ == "__main__":
+    main()
