@@ -18,13 +18,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
+import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from expectations import this_machine  # noqa: E402  (the machine as the README's tables name it)
 
 NEVER = 10**8  # a step no run here reaches: no grid, validation or checkpoint before the end
 
@@ -61,15 +64,7 @@ def main() -> None:
     args = p.parse_args()
     if args.steps < 200:
         p.error("--steps must be at least 200: the steady rate is read from step 100 on")
-    cpu = platform.processor() or platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():  # Linux names the model; platform gives only the architecture there
-        names = [
-            line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")
-        ]
-        cpu = names[0] if names else cpu
-    capability = torch.backends.cpu.get_cpu_capability()
-    print(f"{cpu} ({capability}), torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"{this_machine()}, torch {torch.__version__}, {torch.get_num_threads()} threads")
     print("| batch | compiled | seconds to step 50 | steps/s after step 100 | images/s |")
     print("|---|---|---|---|---|")
     results = []
@@ -86,8 +81,8 @@ def main() -> None:
         held = {}
         for compiled in (True, False):
             rs = [r for r in results if r["batch"] == batch and r["compiled"] == compiled]
-            start = sorted(r["to_step_50"] for r in rs)[len(rs) // 2]  # medians over the repeats
-            rate = sorted(r["steps_per_s"] for r in rs)[len(rs) // 2]
+            start = statistics.median(r["to_step_50"] for r in rs)  # medians over the repeats
+            rate = statistics.median(r["steps_per_s"] for r in rs)
             held[compiled] = 50 + max(budget - start, 0) * rate
         print(
             f"batch {batch}, {args.minutes:g} minutes: about {held[True]:.0f} steps compiled, {held[False]:.0f} eager"
