@@ -1,8 +1,8 @@
 """What REPA's alignment costs per training step: the trainer's own step with and without it, in turns.
 
-    python benchmarks/bench_repa.py [--preset dit-1.4m] [--precision bf16] [--steps 10] [--repeats 7]
+    python benchmarks/bench_repa.py [--data shapes] [--preset dit-1.4m] [--precision bf16] [--steps 10] [--repeats 7]
 
-Two Trainers on `shapes` (the quick start's settings, one with ``repa`` 0.5), each timing ``--steps`` of its
+Two Trainers on ``--data`` (its default settings but the preset, one with ``repa`` 0.5), each timing ``--steps`` of its
 ``train_step`` (draw, forward, loss, backward, AdamW, EMA) in turns A, B, A, B, ... after warm-up steps; prints
 the median seconds per step of each and their ratio. The ratio is what an equal-time comparison needs: a run
 with the alignment holds 1 / ratio of the steps of one without it in the same time.
@@ -34,6 +34,7 @@ def time_steps(trainer: Trainer, steps: int) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", default="shapes", help="a data set with a shipped encoder (tinydit.train.repa)")
     p.add_argument("--preset", default="dit-1.4m")
     p.add_argument("--precision", default="auto")
     p.add_argument("--repa", type=float, default=0.5)
@@ -44,7 +45,7 @@ def main() -> None:
         trainers = {}
         for name, repa in (("plain", 0.0), ("repa", args.repa)):
             cfg = TrainConfig(
-                out=str(Path(tmp) / name), data="shapes", preset=args.preset, precision=args.precision, repa=repa
+                out=str(Path(tmp) / name), data=args.data, preset=args.preset, precision=args.precision, repa=repa
             )
             trainers[name] = Trainer(cfg, progress=False)
             trainers[name].run.model.train()
@@ -58,6 +59,7 @@ def main() -> None:
             tr.close()
     med = {name: statistics.median(v) for name, v in times.items()}
     row = {
+        "data": args.data,
         "preset": args.preset,
         "precision": trainers["plain"].precision,
         "batch": trainers["plain"].batch_size,

@@ -62,6 +62,23 @@ def test_the_target_is_the_shipped_encoder_feature_map_on_the_token_grid():
     torch.testing.assert_close(target.mean(1), pooled, rtol=1e-4, atol=1e-5)
 
 
+def test_the_fashion_mnist_encoder_maps_its_grid_onto_the_tokens_of_a_28_px_model():
+    """28 x 28 grey images in patches of 4: 7 x 7 tokens, the encoder's own 7 x 7 map, cell for cell."""
+    torch.manual_seed(0)
+    model = DiT(DiTConfig(img_size=28, in_channels=1, patch_size=4, dim=32, depth=2, n_heads=2, n_classes=10))
+    align = Alignment(model, "fmnist_repa")
+    net, record = load_feature_net("fmnist_repa")
+    assert record["data"] == "fashion-mnist" and record["test_accuracy"] > 0.85
+    x0 = torch.rand(2, 1, 28, 28) * 2 - 1
+    target = align.target(x0)  # (N, T, F)
+    assert target.shape == (2, 49, net.feature_dim)
+    body = list(net.body)
+    pool = next(i for i, m in enumerate(body) if isinstance(m, torch.nn.AdaptiveAvgPool2d))
+    with torch.no_grad():
+        fmap = torch.nn.Sequential(*body[:pool])(x0)  # (N, F, 7, 7)
+    torch.testing.assert_close(target, fmap.flatten(2).transpose(1, 2))
+
+
 def test_the_target_in_bf16_points_where_the_float32_target_points():
     """A bf16 run's autocast computes the encoder in bf16: on real images its features keep their direction
     (what the cosine loss reads) to within bf16's rounding. A wrong bf16 kernel for one of its convolutions
@@ -112,7 +129,7 @@ def test_a_repa_run_continues_exactly_and_its_checkpoint_is_the_model_alone(tmp_
         (dict(repa=-1.0), "`repa` must be >= 0"),
         (dict(repa=0.5, few_step="shortcut"), "`repa` works with `model` dit and `few_step` none"),
         (dict(repa=0.5, model="mmdit", preset="mmdit-0.2m"), "`repa` works with `model` dit"),
-        (dict(repa=0.5, preset="dit-0.2m", data="fashion-mnist"), "there is one for shapes, not for fashion-mnist"),
+        (dict(repa=0.5, preset="dit-0.2m", data="cifar10"), "there is one for shapes, fashion-mnist, not for cifar10"),
     ],
 )
 def test_an_alignment_the_run_cannot_do_is_refused_before_anything_is_written(tmp_path, change, message):
@@ -127,7 +144,8 @@ def test_an_alignment_the_run_cannot_do_is_refused_before_anything_is_written(tm
         (dict(data="shapes"), 0.5),  # the default: shapes class runs of a DiT align
         (dict(data="shapes", repa=0.0), 0.0),  # and may be told not to
         (dict(data="shapes", repa=1.0), 1.0),
-        (dict(data="fashion-mnist"), 0.0),  # no shipped encoder
+        (dict(data="fashion-mnist"), 0.0),  # an encoder, but not a clear gain at equal time: asked for only
+        (dict(data="fashion-mnist", repa=0.5), 0.5),
         (dict(data="shapes", cond="text"), 0.0),  # text runs: not measured with it
         (dict(data="shapes", model="mmdit"), 0.0),
         (dict(data="shapes", few_step="shortcut"), 0.0),
@@ -140,7 +158,7 @@ def test_the_alignment_is_on_by_default_where_it_was_measured_and_off_elsewhere(
 def test_a_dataset_object_is_not_aligned_to_the_encoder_of_the_name_in_the_config():
     """api.train(cfg, dataset=...) trains the object, whatever `data` says: no shipped encoder knows it."""
     assert resolve(TrainConfig(out="unused", data="shapes"), "dataset:Stripes").repa == 0.0
-    with pytest.raises(TinyDiTError, match="there is one for shapes, not for dataset:Stripes"):
+    with pytest.raises(TinyDiTError, match="there is one for shapes, fashion-mnist, not for dataset:Stripes"):
         resolve(TrainConfig(out="unused", data="shapes", repa=0.5), "dataset:Stripes")
 
 

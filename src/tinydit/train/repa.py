@@ -28,7 +28,7 @@ __all__ = ["REPA_ENCODERS", "REPA_DEPTH", "Alignment", "check_repa", "repa_encod
 
 # data set -> the shipped encoder whose features the tokens are aligned to
 # (scripts/train_feature_net.py --name, recorded in assets/feature_nets.json)
-REPA_ENCODERS = {"shapes": "shapes_repa"}
+REPA_ENCODERS = {"shapes": "shapes_repa", "fashion-mnist": "fmnist_repa"}
 # the tokens after this many blocks are aligned: early, so that the later blocks build on what they learn
 REPA_DEPTH = 2
 PROJECTOR_WIDTH = 256  # the projector's hidden width (REPA's is 2048 for 1152-wide tokens)
