@@ -144,7 +144,7 @@ def test_an_alignment_the_run_cannot_do_is_refused_before_anything_is_written(tm
         (dict(data="shapes"), 0.5),  # the default: shapes class runs of a DiT align
         (dict(data="shapes", repa=0.0), 0.0),  # and may be told not to
         (dict(data="shapes", repa=1.0), 1.0),
-        (dict(data="fashion-mnist"), 0.0),  # an encoder, but not a clear gain at equal time: asked for only
+        (dict(data="fashion-mnist"), 0.0),  # an encoder, but a mixed gain for a dearer step: when asked
         (dict(data="fashion-mnist", repa=0.5), 0.5),
         (dict(data="shapes", cond="text"), 0.0),  # text runs: not measured with it
         (dict(data="shapes", model="mmdit"), 0.0),
