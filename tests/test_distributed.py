@@ -21,8 +21,12 @@ import pytest
 import torch
 from conftest import built_once
 
+from tinydit.cli import main
+from tinydit.config import TrainConfig
 from tinydit.distributed import World
+from tinydit.errors import TinyDiTError
 from tinydit.models.checkpoint import load_checkpoint
+from tinydit.models.linear import linear_backend
 from tinydit.models.registry import build_model, config_from_dict
 
 # REPA's projector trains outside DDP and averages its own gradients: aligning in every run here tests that too.
@@ -65,9 +69,22 @@ def _run(cmd: list[str], timeout: float = 240) -> str:
 
 def _train(out: Path, steps: int, nproc: int, *extra) -> str:
     args = ("train", *FLAGS, "--steps", steps, "--out", out, *extra)
-    if nproc == 0:  # a plain process, no torchrun
-        return _run([sys.executable, "-m", "tinydit", *map(str, args)])
+    if nproc == 0:  # no torchrun: this process
+        _one_process(*args)
+        return ""
     return _run(_torchrun(nproc, *args))
+
+
+def _one_process(*args) -> None:
+    """A command in this process, as the ranks run it (one thread, the pinned kernel): the reference that a
+    torchrun run of the same command is compared with."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with linear_backend(ENV["TINYDIT_LINEAR_KERNEL"]):
+            assert main([*map(str, args)]) == 0
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _state(run: Path) -> dict:
@@ -269,26 +286,24 @@ def test_two_local_nodes_rendezvous_over_c10d(runs, tmp_path):
     assert _max_diff(_state(tmp_path / "run")["model"], _state(root / "one")["model"]) < ATOL
 
 
-def test_an_uneven_global_batch_is_refused_naming_the_flag(tmp_path):
-    cmd = [
-        sys.executable,
-        "-m",
-        "tinydit",
-        "train",
-        *FLAGS,
-        "--out",
-        str(tmp_path / "run"),
-        "--nproc",
-        "2",
-        "--steps",
-        "2",
-        "--batch-size",
-        "15",
-    ]
-    proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=240)
-    assert proc.returncode != 0
-    assert "--batch-size 15 (the global batch) does not split evenly over 2 processes" in proc.stderr
-    assert not (tmp_path / "run" / "checkpoint.pt").exists()
+def test_an_uneven_global_batch_is_refused_naming_the_flag(tmp_path, monkeypatch, capsys):
+    """--nproc refuses it before starting any process; under torchrun each rank's trainer refuses it."""
+    from tinydit import distributed
+    from tinydit.train import Trainer
+
+    monkeypatch.setattr(distributed, "launch_local", lambda *a: pytest.fail("torchrun was started"))
+    out = tmp_path / "run"
+    assert main(["train", *FLAGS, "--out", out, "--nproc", 2, "--steps", 2, "--batch-size", 15]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "tinydit train: error: --batch-size 15 (the global batch) does not split evenly over 2 processes; "
+        "use a multiple of 2"
+    )
+    monkeypatch.setattr(distributed, "init", lambda device: World(rank=1, size=2))  # a rank torchrun started
+    cfg = TrainConfig(data="shapes", preset="dit-0.2m", limit=64, batch_size=15, steps=2, out=str(out))
+    with pytest.raises(TinyDiTError, match="`batch_size` 15 .* does not split evenly over 2 processes"):
+        Trainer(cfg, progress=False)
+    assert not (out / "checkpoint.pt").exists()
 
 
 def test_sampling_split_over_ranks_gives_the_images_of_one_process(runs, tmp_path):
@@ -306,7 +321,7 @@ def test_sampling_split_over_ranks_gives_the_images_of_one_process(runs, tmp_pat
         "--precision",
         "fp32",
     ]
-    _run([sys.executable, "-m", "tinydit", *map(str, args), "--out", str(tmp_path / "one.npz")])
+    _one_process(*args, "--out", tmp_path / "one.npz")
     log = _run(_torchrun(2, *args, "--out", tmp_path / "two.npz"))
     one, two = np.load(tmp_path / "one.npz"), np.load(tmp_path / "two.npz")
     assert two["images"].shape[0] == 13
@@ -333,7 +348,7 @@ def test_evaluation_split_over_ranks_scores_what_one_process_scores(runs, tmp_pa
         "--cache-dir",
         eval_cache,
     ]
-    _run([sys.executable, "-m", "tinydit", *map(str, args), "--out", str(tmp_path / "one")])
+    _one_process(*args, "--out", tmp_path / "one")
     log = _run(_torchrun(2, *args, "--out", tmp_path / "two"))
     one, two = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("one", "two"))
     for key in ("fid_shapes_cnn", "shape_accuracy", "class_consistency_shapes_cnn"):

@@ -324,8 +324,8 @@ def test_inception_fid_with_local_weights_and_clear_error_offline(tmp_path, monk
 
     folder = tmp_path / "ref"
     folder.mkdir()
-    ref = load_dataset("shapes", train=False, limit=24)
-    for i in range(24):
+    ref = load_dataset("shapes", train=False, limit=12)
+    for i in range(12):
         save_image(ref.batch(torch.tensor([i]))[0][0], folder / f"{i:03d}.png")
     same = evaluate(ref.images, None, str(folder), inception_weights=weights, cache_dir=tmp_path / "c")
     other = evaluate(blur(ref.images, 3), None, str(folder), inception_weights=weights, cache_dir=tmp_path / "c")

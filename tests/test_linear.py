@@ -120,7 +120,9 @@ def test_maybe_compile_asks_the_probe_before_compiling(monkeypatch):
 
 def tiny_dit(**kw) -> DiT:
     torch.manual_seed(0)
-    model = DiT(DiTConfig(img_size=8, in_channels=3, patch_size=2, dim=32, depth=2, n_heads=2, n_classes=3, **kw))
+    model = DiT(
+        DiTConfig(**{**dict(img_size=8, in_channels=3, patch_size=2, dim=32, depth=2, n_heads=2, n_classes=3), **kw})
+    )
     for m in model.modules():  # away from the zero initialisation, so every layer matters
         if isinstance(m, nn.Linear):
             nn.init.normal_(m.weight, std=0.1)
@@ -240,7 +242,7 @@ def test_compiled_models_run_the_operator_and_match_eager(monkeypatch, probe_say
     real = linear_module._onednn_linear_op
     monkeypatch.setattr(linear_module, "_onednn_linear_op", lambda *a: calls.append(1) or real(*a))
     torch._dynamo.reset()
-    model = tiny_dit(mlp="swiglu")
+    model = tiny_dit(mlp="swiglu", depth=1)  # one block holds every kind of layer; compiling two costs more
     x, t, y = torch.randn(4, 3, 8, 8), torch.rand(4), torch.tensor([0, 1, 2, 3])
     results = []
     probe_says(True)

@@ -281,11 +281,14 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--nproc must be >= 1, got {nproc}")
         if distributed.launched():
             parser.error("--nproc starts processes through torchrun, and this one already is one: drop --nproc")
-        return distributed.launch_local(nproc, argv)
     rank = f" (rank {os.environ['RANK']})" if distributed.launched() and os.environ["WORLD_SIZE"] != "1" else ""
     try:
         with user_warnings(flags):
-            return args.func(args)
+            if nproc is None:
+                return args.func(args)
+            if args.command == "train" and args.batch_size:  # refused once here, not by each process it starts
+                distributed.check_split(args.batch_size, nproc)
+            return distributed.launch_local(nproc, argv)
     except TinyDiTError as err:
         print(f"tinydit {args.command}{rank}: error: {as_flags(str(err), flags)}", file=sys.stderr)
         return EXIT_USAGE

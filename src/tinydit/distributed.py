@@ -157,6 +157,15 @@ def init(device: torch.device | str = "cpu") -> World:
     return World(rank, size, local, backend)
 
 
+def check_split(batch_size: int, size: int) -> None:
+    """Each of ``size`` processes takes an equal share of the global batch."""
+    if batch_size % size:
+        raise TinyDiTError(
+            f"`batch_size` {batch_size} (the global batch) does not split evenly over {size} processes; "
+            f"use a multiple of {size}"
+        )
+
+
 def _leave() -> None:
     if dist.is_initialized():
         with contextlib.suppress(Exception):  # the others may be gone already

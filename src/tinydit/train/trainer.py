@@ -124,11 +124,7 @@ class Trainer:
             self.teacher.prepare(self)
         n_train = len(self.teacher.paths) if self.teacher is not None else len(self.data.train_set)
         self.batch_size = min(cfg.batch_size, n_train)
-        if self.batch_size % self.world.size:
-            raise TinyDiTError(
-                f"`batch_size` {self.batch_size} (the global batch) does not split evenly over "
-                f"{self.world.size} processes; use a multiple of {self.world.size}"
-            )
+        distributed.check_split(self.batch_size, self.world.size)
         self.order = BatchOrder(n_train, self.batch_size, cfg.seed)
         self.events = Events(self)
         if main:  # config.json: the resolved config and what the run runs on
