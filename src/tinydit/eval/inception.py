@@ -1,7 +1,7 @@
 """The standard Inception feature extractor for FID, through torchmetrics and torch-fidelity.
 
-The network is torch-fidelity's port of the TensorFlow FID Inception (``pt_inception-2015-12-05``),
-which is what published FIDs use. TinyDiT takes its 2048-d pool features and computes the Fréchet
+The network is torch-fidelity's port of the TensorFlow FID Inception, which is what published FIDs
+use. TinyDiT takes its 2048-d pool features and computes the Fréchet
 distance itself (``tinydit.eval.metrics``), so Inception reference features are cached like the offline
 ones. Images are fed as uint8 RGB; grayscale is repeated over three channels.
 """
@@ -15,9 +15,14 @@ import torch
 from tinydit.errors import TinyDiTError
 from tinydit.eval.features import file_sha256
 
-__all__ = ["InceptionFeatures", "DOWNLOAD_NAME"]
+__all__ = ["InceptionFeatures", "download_name"]
 
-DOWNLOAD_NAME = "weights-inception-2015-12-05-6726825d"  # the file torch-fidelity downloads
+
+def download_name() -> str:
+    """The file name of the weights torch-fidelity downloads (its own constant, so the two cannot drift)."""
+    from torch_fidelity.feature_extractor_inceptionv3 import URL_INCEPTION_V3
+
+    return URL_INCEPTION_V3.rsplit("/", 1)[-1]
 
 
 class InceptionFeatures:
@@ -43,11 +48,11 @@ class InceptionFeatures:
             except Exception as err:
                 raise TinyDiTError(
                     f"`inception_weights` {weights} is not a plain state dict of weights "
-                    f"({type(err).__name__}); pass pt_inception-2015-12-05-6726825d.pth"
+                    f"({type(err).__name__}); pass a copy of {download_name()}"
                 ) from err
             self.sha256 = file_sha256(weights)
         else:
-            self.sha256 = DOWNLOAD_NAME
+            self.sha256 = download_name().removesuffix(".pth")
         try:
             self.net = NoTrainInceptionV3(
                 name="inception-v3-compat",
