@@ -1,11 +1,13 @@
 """Every `tinydit` command the front door shows (README.md and docs/index.md) parses with the real parser.
 
-The commands are read from the pages' fenced bash blocks and handed to ``tinydit.cli.build_parser()``'s
-``parse_args``, without running them: a renamed or removed flag fails here, naming the page and line.
+The commands are read from the pages' fenced bash blocks and from their inline code (tables, captions),
+and handed to ``tinydit.cli.build_parser()``'s ``parse_args``, without running them: a renamed or removed
+flag fails here, naming the page and line.
 """
 
 import contextlib
 import io
+import re
 import shlex
 from pathlib import Path
 
@@ -39,6 +41,17 @@ def shell_lines(text: str) -> list[tuple[int, str]]:
     return lines
 
 
+def inline_lines(text: str) -> list[tuple[int, str]]:
+    """(line number, code) of every inline code span outside the fenced blocks; a span may wrap lines. A span
+    of two words or fewer (`tinydit sample`) names a command and is not read as a command line."""
+    outside = re.sub(r"^```.*?^```", lambda m: "\n" * m[0].count("\n"), text, flags=re.S | re.M)
+    return [
+        (outside.count("\n", 0, m.start()) + 1, " ".join(m[1].split()))
+        for m in re.finditer(r"(?<!`)`([^`]+)`(?!`)", outside)
+        if len(m[1].split()) > 2
+    ]
+
+
 def tinydit_argvs(line: str) -> list[list[str]]:
     """The argument lists of every `tinydit` call in one shell line: `tinydit ...`, `python -m tinydit
     ...` and `torchrun ... -m tinydit -- ...`, split at &&, ||, ; and |; other programs are skipped."""
@@ -68,7 +81,8 @@ def commands() -> list[tuple[str, list[str]]]:
     """(page:line, argv) of every tinydit command on the front-door pages."""
     found = []
     for page in PAGES:
-        for number, line in shell_lines((ROOT / page).read_text()):
+        text = (ROOT / page).read_text()
+        for number, line in shell_lines(text) + inline_lines(text):
             found += [(f"{page}:{number}", argv) for argv in tinydit_argvs(line)]
     return found
 
@@ -130,6 +144,17 @@ def test_commands_are_read_from_shell_lines(line, expected):
 def test_continuation_lines_are_joined():
     text = "```bash\ntinydit sweep --checkpoint c.pt \\\n    --n 10 --out s\n```\n```python\ntinydit = 1\n```\n"
     assert shell_lines(text) == [(2, "tinydit sweep --checkpoint c.pt --n 10 --out s")]
+
+
+def test_inline_code_is_read_outside_fences_also_where_it_wraps():
+    text = "a `tinydit sample --n 2` and `tinydit eval\n--n 3`\n```bash\ntinydit `x y z`\n```\n"
+    text += "`--steps 9 --n 1` `tinydit eval`"
+    assert inline_lines(text) == [(1, "tinydit sample --n 2"), (1, "tinydit eval --n 3"), (6, "--steps 9 --n 1")]
+    assert [tinydit_argvs(code) for _, code in inline_lines(text)] == [
+        [["sample", "--n", "2"]],
+        [["eval", "--n", "3"]],
+        [],
+    ]
 
 
 def test_a_flag_that_does_not_exist_fails():
