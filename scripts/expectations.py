@@ -1,16 +1,20 @@
-"""Print the rows of the "What to expect" tables (README.md, docs/index.md) from runs and their evaluations.
+"""The "What to expect" tables of README.md and docs/index.md: their rows are data (docs/expectations.json),
+and this script adds rows from runs and writes the tables into both pages.
 
     tinydit train --data shapes --minutes 5 --out runs/shapes
     tinydit eval --checkpoint runs/shapes/checkpoint.pt --n 1000 --out eval/shapes
-    python scripts/expectations.py runs/shapes:eval/shapes [RUN:EVAL ...] --machine "2-core AMD EPYC, ..."
+    python scripts/expectations.py runs/shapes:eval/shapes [RUN:EVAL ...] --machine "2-core AMD EPYC, ..." --add
+    python scripts/expectations.py --write      # the pages' tables from docs/expectations.json
+    python scripts/expectations.py --check      # exit 1 where a page's table differs from the data (a test runs it)
 
 Each RUN:EVAL pair is a run directory (its config.json and metrics.jsonl, written by `tinydit train`) and
 the folder `tinydit eval --out` wrote for it (metrics.json, which holds the exact eval command). A row
 gives the machine, precision, torch version, date, seed, steps, the scores and the two commands; the
 train command is the shortest one equivalent to the run's resolved config (the flags whose values differ
 from the defaults for its data set). `shapes` class runs fill the shapes table (the strict judge, per
-kind), Fashion-MNIST runs the Fashion-MNIST table (`fid_fmnist_cnn`). Paste the rows under the tables'
-headers; a row is a measurement, so it keeps its date.
+kind), Fashion-MNIST runs the Fashion-MNIST table (`fid_fmnist_cnn`). Without --add the rows are printed;
+a row is a measurement, so it keeps its date. In the pages each table sits between
+``<!-- expectations: NAME -->`` and ``<!-- /expectations -->``.
 """
 
 from __future__ import annotations
@@ -26,16 +30,10 @@ from pathlib import Path
 from tinydit.config import TrainConfig
 from tinydit.train.resolve import resolve
 
-HEADERS = {
-    "shapes": (
-        "| machine | precision | torch | date | seed | steps | `shape_strict`, 1,000 samples "
-        "| circles / squares / triangles / crosses | command |\n|---|---|---|---|---|---|---|---|---|"
-    ),
-    "fashion-mnist": (
-        "| machine | precision | torch | date | seed | steps | `fid_fmnist_cnn` | samples | command |\n"
-        "|---|---|---|---|---|---|---|---|---|"
-    ),
-}
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "docs" / "expectations.json"
+PAGES = (ROOT / "README.md", ROOT / "docs" / "index.md")
+TABLE = re.compile(r"(<!-- expectations: ([\w-]+) -->\n).*?(\n<!-- /expectations -->)", re.S)
 KINDS = ("circle", "square", "triangle", "cross")
 NOT_FLAGS = ("out", "data", "minutes", "steps")  # written first, or not at all
 ON_OFF = {f.name for f in fields(TrainConfig) if "bool" in str(f.type) and "None" in str(f.type)}  # --qk-norm on
@@ -111,27 +109,79 @@ def row(run: Path, evaluation: Path, machine: str, date: str | None) -> tuple[st
         table = "fashion-mnist"
     else:
         raise SystemExit(f"{run}: a {data} run has no row in the tables (shapes class runs and Fashion-MNIST)")
-    return table, "| " + " | ".join([*cells, command]) + " |"
+    return table, [*cells, command]
+
+
+def load() -> dict:
+    """docs/expectations.json: {table: {"columns": [...], "rows": [[cell, ...], ...]}}."""
+    return json.loads(DATA.read_text())
+
+
+def dump(tables: dict) -> None:
+    """One line per row, so that a new measurement is a one-line change."""
+    parts = []
+    for name, table in tables.items():
+        rows = ",\n".join("      " + json.dumps(r, ensure_ascii=False) for r in table["rows"])
+        columns = json.dumps(table["columns"], ensure_ascii=False)
+        parts.append(f'  "{name}": {{\n    "columns": {columns},\n    "rows": [\n{rows}\n    ]\n  }}')
+    DATA.write_text("{\n" + ",\n".join(parts) + "\n}\n")
+
+
+def markdown(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def render(table: dict) -> str:
+    """A table as markdown: header, rule, rows."""
+    rule = "|" + "---|" * len(table["columns"])
+    return "\n".join([markdown(table["columns"]), rule, *map(markdown, table["rows"])])
+
+
+def write_pages(tables: dict, pages=None, check: bool = False) -> list[str]:
+    """Put each table into the pages (default: README.md and docs/index.md) between its markers; with
+    ``check``, change nothing and return the pages (and tables) whose text differs from the data."""
+    stale = []
+    for page in PAGES if pages is None else pages:
+        text = Path(page).read_text()
+        names = [m[2] for m in TABLE.finditer(text)]
+        if sorted(names) != sorted(tables):
+            raise SystemExit(f"{page}: the tables marked are {names}, the data has {sorted(tables)}")
+        new = TABLE.sub(lambda m: m[1] + render(tables[m[2]]) + m[3], text)
+        stale += [f"{page}: {name}" for name in names if render(tables[name]) not in text]
+        if not check and new != text:
+            Path(page).write_text(new)
+    return stale
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("pairs", nargs="+", metavar="RUN:EVAL", help="a run directory and its `tinydit eval --out`")
+    parser.add_argument("pairs", nargs="*", metavar="RUN:EVAL", help="a run directory and its `tinydit eval --out`")
     parser.add_argument("--machine", help="the CPU or GPU the run trained on (default: this machine's CPU)")
     parser.add_argument("--date", help="the date of the measurement (default: the day metrics.json was written)")
+    parser.add_argument("--add", action="store_true", help="add the rows to docs/expectations.json and the pages")
+    parser.add_argument("--write", action="store_true", help="write the pages' tables from docs/expectations.json")
+    parser.add_argument("--check", action="store_true", help="exit 1 where a page's table differs from the data")
     args = parser.parse_args(argv)
+    if args.check:
+        stale = write_pages(load(), check=True)
+        if stale:
+            raise SystemExit("out of date (python scripts/expectations.py --write): " + ", ".join(stale))
+        return
+    tables = load()
     machine = args.machine or this_machine()
-    rows: dict[str, list[str]] = {}
     for pair in args.pairs:
         run, sep, evaluation = pair.partition(":")
         if not sep:
             parser.error(f"{pair}: give RUN:EVAL, a run directory and the folder its evaluation was written to")
-        table, line = row(Path(run), Path(evaluation), machine, args.date)
-        rows.setdefault(table, []).append(line)
-    for table, lines in rows.items():
-        print(HEADERS[table])
-        print("\n".join(lines))
-        print()
+        table, cells = row(Path(run), Path(evaluation), machine, args.date)
+        if args.add:
+            tables[table]["rows"].append(cells)
+        else:
+            print(render({"columns": tables[table]["columns"], "rows": [cells]}) + "\n")
+    if args.add:
+        dump(tables)
+    if args.add or args.write:
+        write_pages(tables)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""scripts/expectations.py writes a "What to expect" row from a run directory and its evaluation folder.
+"""scripts/expectations.py writes a "What to expect" row from a run directory and its evaluation folder, keeps
+the rows in docs/expectations.json and writes the front door's tables from them.
 
 The run and the evaluation are written here in the layout `tinydit train` and `tinydit eval --out` use
 (config.json, metrics.jsonl; metrics.json), so nothing is trained or sampled.
@@ -56,9 +57,9 @@ SHAPES_METRICS = {
 
 def test_a_shapes_run_gives_a_row_of_the_shapes_table(expectations, tmp_path):
     run, evaluation = write_run(tmp_path, SHAPES_METRICS, data="shapes", minutes=5, out="runs/shapes")
-    table, row = expectations.row(run, evaluation, "2-core AMD EPYC", "2026-12-02")
+    table, cells = expectations.row(run, evaluation, "2-core AMD EPYC", "2026-12-02")
     assert table == "shapes"
-    assert row == (
+    assert expectations.markdown(cells) == (
         "| 2-core AMD EPYC | bf16 | 2.14.1 | 2026-12-02 | 0 | 1,555 | **0.534** | 0.67 / 0.7 / 0.76 / "
         "0.004 | `tinydit train --data shapes --minutes 5 --out runs/shapes`, then `tinydit eval "
         "--checkpoint runs/shapes/checkpoint.pt --n 1000 --out eval/shapes` |"
@@ -78,7 +79,8 @@ def test_the_train_command_names_only_what_differs_from_the_defaults(expectation
         qk_norm=True,
         out="runs/s1",
     )
-    _, row = expectations.row(run, evaluation, "m", "d")
+    _, cells = expectations.row(run, evaluation, "m", "d")
+    row = expectations.markdown(cells)
     assert (
         "`tinydit train --data shapes --minutes 5 --preset dit-1.3m --qk-norm on --lr 0.003 --seed 1 "
         "--tensorboard --out runs/s1`"
@@ -104,8 +106,29 @@ def test_a_run_of_another_data_set_is_refused(expectations, tmp_path):
         expectations.row(run, evaluation, "m", "d")
 
 
-@pytest.mark.parametrize("page", ["README.md", "docs/index.md"])
-def test_the_front_door_tables_have_the_headers_the_script_writes(expectations, page):
-    text = (SCRIPT.parents[1] / page).read_text()
-    for header in expectations.HEADERS.values():
-        assert header.splitlines()[0] in text
+def test_the_front_door_tables_are_the_data_and_a_changed_cell_is_caught(expectations, tmp_path):
+    expectations.main(["--check"])  # README.md and docs/index.md hold the tables of docs/expectations.json
+    tables = expectations.load()
+    assert {"shapes", "fashion-mnist"} <= set(tables)
+    page = tmp_path / "README.md"
+    page.write_text(expectations.PAGES[0].read_text().replace("**0.993**", "**0.999**", 1))
+    assert expectations.write_pages(tables, pages=[page], check=True) == [f"{page}: shapes"]
+    expectations.write_pages(tables, pages=[page])  # --write puts the data back
+    assert page.read_text() == expectations.PAGES[0].read_text()
+
+
+def test_add_appends_the_row_to_the_data_and_to_every_page(expectations, tmp_path, monkeypatch):
+    data, pages = tmp_path / "expectations.json", [tmp_path / "a.md", tmp_path / "b.md"]
+    data.write_text(expectations.DATA.read_text())
+    for page in pages:
+        page.write_text(expectations.PAGES[0].read_text())
+    monkeypatch.setattr(expectations, "DATA", data)
+    monkeypatch.setattr(expectations, "PAGES", pages)
+    run, evaluation = write_run(tmp_path, SHAPES_METRICS, data="shapes", minutes=5, seed=7, out="runs/s7")
+    before = len(expectations.load()["shapes"]["rows"])
+    expectations.main([f"{run}:{evaluation}", "--machine", "m", "--date", "2026-12-04", "--add"])
+    rows = expectations.load()["shapes"]["rows"]
+    assert len(rows) == before + 1 and rows[-1][:6] == ["m", "bf16", "2.14.1", "2026-12-04", "7", "1,555"]
+    for page in pages:
+        assert expectations.markdown(rows[-1]) in page.read_text()
+    expectations.main(["--check"])
