@@ -143,11 +143,11 @@ def write_pages(tables: dict, pages=None, check: bool = False) -> list[str]:
     stale = []
     for page in PAGES if pages is None else pages:
         text = Path(page).read_text()
-        names = [m[2] for m in TABLE.finditer(text)]
-        if sorted(names) != sorted(tables):
-            raise SystemExit(f"{page}: the tables marked are {names}, the data has {sorted(tables)}")
+        marked = list(TABLE.finditer(text))
+        if sorted(m[2] for m in marked) != sorted(tables):
+            raise SystemExit(f"{page}: the tables marked are {[m[2] for m in marked]}, the data has {sorted(tables)}")
+        stale += [f"{page}: {m[2]}" for m in marked if m[0] != m[1] + render(tables[m[2]]) + m[3]]
         new = TABLE.sub(lambda m: m[1] + render(tables[m[2]]) + m[3], text)
-        stale += [f"{page}: {name}" for name in names if render(tables[name]) not in text]
         if not check and new != text:
             Path(page).write_text(new)
     return stale
