@@ -1,9 +1,9 @@
 """The standard Inception feature extractor for FID, through torchmetrics and torch-fidelity.
 
 The network is torch-fidelity's port of the TensorFlow FID Inception, which is what published FIDs
-use. TinyDiT takes its 2048-d pool features and computes the Fréchet
-distance itself (``tinydit.eval.metrics``), so Inception reference features are cached like the offline
-ones. Images are fed as uint8 RGB; grayscale is repeated over three channels.
+use. TinyDiT takes its 2048-d pool features and computes the Fréchet distance itself
+(``tinydit.eval.metrics``), so Inception reference features are cached like the offline ones. Images are
+fed as uint8 RGB; grayscale is repeated over three channels.
 """
 
 from __future__ import annotations
