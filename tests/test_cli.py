@@ -1,12 +1,14 @@
 import os
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
+from tinydit import flags
 from tinydit.cli import main
 
 FAST_TRAIN = (
@@ -185,6 +187,24 @@ def test_output_under_a_file_is_a_clear_error(tmp_path, capsys, tiny_run):
         ["sample", "--checkpoint", tiny_run[0] / "checkpoint.pt", "--out", tmp_path / "file" / "x.png"], capsys
     )
     assert code == 2 and "not a directory" in err
+
+
+def test_only_tinydits_own_warnings_are_shown_as_tinydits(capsys):
+    # torch 2.11 deprecates APIs that torch itself still calls: once every filter was "default", those
+    # came out as "tinydit: warning: `torch.jit.script_method` is deprecated" (seen on CUDA)
+    ours = flags.__file__
+    with warnings.catch_warnings():  # Python's own filters and handler, in place of pytest's
+        warnings.resetwarnings()
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        warnings.showwarning = lambda message, *_, **__: print(f"python: {message}", file=sys.stderr)
+        with flags.user_warnings({"cfg_scale": "--cfg"}):
+            warnings.warn_explicit("`cfg_scale` is high", UserWarning, ours, 1, module="tinydit.flags")
+            warnings.warn_explicit("a torch notice", UserWarning, "/site/torch/nn/x.py", 1, module="torch.nn.x")
+            warnings.warn_explicit("old api", DeprecationWarning, "/site/torch/jit/x.py", 1, module="torch.jit.x")
+    err = capsys.readouterr().err
+    assert "tinydit: warning: --cfg is high" in err, err
+    assert "python: a torch notice" in err and "tinydit: warning: a torch notice" not in err, err
+    assert "old api" not in err, err  # hidden, as Python hides a library's deprecations
 
 
 def test_console_script_and_module_entry_point():

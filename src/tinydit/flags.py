@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import inspect
+import os
 import re
 import sys
 import warnings
@@ -113,13 +114,19 @@ def as_flags(message: str, flags: dict[str, str]) -> str:
 
 @contextlib.contextmanager
 def user_warnings(flags: dict[str, str]):
-    """Warnings as one line each, in the running command's flags, without source lines: they are meant
-    for users. The hooks are restored afterwards."""
+    """TinyDiT's own warnings as one line each, in the running command's flags, without source lines:
+    they are meant for users. Other libraries' warnings keep Python's filters and format, so that one
+    from inside torch is neither hidden nor shown as TinyDiT's. The hooks are restored afterwards."""
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    python_show = warnings.showwarning
 
     def show(message, category, filename, lineno, file=None, line=None) -> None:
-        print(f"tinydit: warning: {as_flags(str(message), flags)}", file=sys.stderr)
+        if os.path.abspath(filename).startswith(package):
+            print(f"tinydit: warning: {as_flags(str(message), flags)}", file=sys.stderr)
+        else:
+            python_show(message, category, filename, lineno, file, line)
 
     with warnings.catch_warnings():
-        warnings.simplefilter("default")
+        warnings.filterwarnings("default", module=r"tinydit(\.|$)")
         warnings.showwarning = show
         yield
