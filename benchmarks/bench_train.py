@@ -21,7 +21,7 @@ The peak is the best fp32 (or --precision) matmul rate over square sizes 512-204
 PyTorch's CPU matmul libraries (BLAS via torch.mm, oneDNN via a 1x1 convolution), measured before
 and after the model timings. With ``--compare diffusers`` the same loop times diffusers'
 ``DiTTransformer2DModel`` at equal width, depth, heads, patch and image size (``pip install
-diffusers``), and the last two lines printed are ``mfu: 0.NN`` (TinyDiT) and
+diffusers``), and the last two lines printed are ``mfu: 0.NN`` (TinyDiT; three decimals below 0.1) and
 ``speedup_vs_diffusers: N.NN`` (TinyDiT images/s over diffusers' images/s).
 
 ``--breakdown`` profiles the step (``torch.profiler``) and splits its time between the matmul kernels
@@ -97,6 +97,11 @@ def matmul_peak(device: torch.device, precision: str) -> dict[str, float]:
                 sync(device)
                 best[name] = max(best[name], reps * 2 * n**3 / (time.perf_counter() - start))
     return best
+
+
+def mfu_text(mfu: float) -> str:
+    """Two decimals, or three below 0.1: a small model on a GPU uses well under 1% of it, not 0."""
+    return f"{mfu:.2f}" if mfu >= 0.1 else f"{mfu:.3f}"
 
 
 def best_peak(*peaks: dict[str, float]) -> float:
@@ -461,10 +466,10 @@ def main() -> None:
         for w, t in ((mine, t_ours), (theirs, t_theirs), (theirs_matmul, t_theirs_matmul)):
             print(
                 f"| {w.name} | {count_params(w.model) / 1e6:.2f}M | {args.batch / t:.0f} | {1000 * t:.0f} | "
-                f"{flops / t / 1e9:.1f} | {flops / t / peak:.2f} | {t / t_ours:.2f}x |"
+                f"{flops / t / 1e9:.1f} | {mfu_text(flops / t / peak)} | {t / t_ours:.2f}x |"
             )
         print()
-        print(f"mfu: {flops / t_ours / peak:.2f}")
+        print(f"mfu: {mfu_text(flops / t_ours / peak)}")
         print(f"speedup_vs_diffusers: {t_theirs / t_ours:.2f}")
         return
 
@@ -529,7 +534,7 @@ def main() -> None:
             f"linears: {picked_linear(args, device)}; matmul peak {describe_peak(*peaks)}"
         )
         print(
-            f"step: {1000 * t_step:.0f} ms unprofiled, MFU {flops / t_step / peak:.2f}; "
+            f"step: {1000 * t_step:.0f} ms unprofiled, MFU {mfu_text(flops / t_step / peak)}; "
             f"{1000 * total:.0f} ms under the profiler, split below (self times)"
         )
         print()
@@ -542,7 +547,7 @@ def main() -> None:
             f"the matmul and attention kernels alone: {1000 * kernels:.0f} ms for {flops / 1e9:.1f} GFLOP, "
             f"{flops / kernels / 1e9:.0f} GFLOP/s"
         )
-        print(f"mfu_ceiling: {flops / kernels / peak:.2f}")
+        print(f"mfu_ceiling: {mfu_text(flops / kernels / peak)}")
         return
 
     if args.switches:
@@ -569,7 +574,7 @@ def main() -> None:
         flops = 3 * w.model.flops_per_image() * args.batch
         print(
             f"| {name} | {count_params(w.model) / 1e6:.2f}M | {cfg.n_tokens} | {args.batch / t:.0f} | "
-            f"{flops / t / peak:.2f} | {sample_rate(w, args.batch, args.sample_steps):.0f} | "
+            f"{mfu_text(flops / t / peak)} | {sample_rate(w, args.batch, args.sample_steps):.0f} | "
             f"{peak_memory_mb(cfg, args.batch, device, args.precision):.0f} |",
             flush=True,
         )
