@@ -15,8 +15,8 @@ SHA-256, test accuracy, training command, torch version and date into the manife
 """
 
 import argparse
-import datetime
 import json
+import subprocess
 import sys
 import time
 
@@ -69,6 +69,16 @@ def train_geometry_net(epochs: int, seed: int, batch_size: int = 128, lr: float 
     return net.eval()
 
 
+def code_version() -> str:
+    """The commit of the code that trained the net, ``-dirty`` with uncommitted changes: its provenance, which
+    the manifest records in place of a date."""
+    try:
+        cmd = ["git", "describe", "--always", "--dirty", "--abbrev=7"]
+        return subprocess.run(cmd, cwd=ASSETS, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", required=True, choices=sorted(FEATURE_NETS))
@@ -119,7 +129,7 @@ def main() -> None:
         "train_seconds": round(seconds),
         "command": "python scripts/train_feature_net.py " + " ".join(sys.argv[1:]),
         "torch_version": torch.__version__,
-        "date": datetime.date.today().isoformat(),
+        "commit": code_version(),
     }
     manifest_path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     print(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB) and {manifest_path}")
