@@ -54,8 +54,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--lr", type=float, default=TrainConfig.lr, help="peak learning rate of both models")
     parser.add_argument("--limit", type=int, default=None, help="train on the first N shapes images only")
-    parser.add_argument("--n-seen", type=int, default=420, help="samples over the 210 seen combinations")
-    parser.add_argument("--n-held-out", type=int, default=140, help="samples over the 14 held-out combinations")
+    parser.add_argument(
+        "--n-seen", type=int, default=420, help="samples spread over the seen combinations (110 by default)"
+    )
+    parser.add_argument(
+        "--n-held-out", type=int, default=140, help="samples spread over the held-out combinations (10 by default)"
+    )
     parser.add_argument("--sampler", default="euler", help="euler | heun | midpoint | dopri5 | ancestral")
     parser.add_argument("--steps", type=int, default=32, help="sampler steps per sample")
     parser.add_argument("--cfg", type=float, default=2.0, help="guidance scale (the empty caption is unconditional)")

@@ -84,7 +84,7 @@ FLAGS: dict[str, tuple[str, dict]] = {
     "device": ("--device", dict(default="auto")),
     "ema": ("--no-ema", dict(action="store_false", help="use the raw weights instead of the EMA")),
     "precision": ("--precision", dict(default="auto", choices=list(config.PRECISION_CHOICES),
-                                      help="auto: bf16 on CUDA and on CPUs with native bf16, else fp32")),
+                                      help="auto: bf16 on CUDA, or on a CPU probed at 1.5x fp32; else fp32")),
     "compile": ("--compile", dict(default="auto", choices=list(config.CHOICES["compile"]),
                                   help="torch.compile the model for sampling; auto: on for CUDA only")),
     "nproc": ("--nproc", dict(type=int, help="run as N processes here through torchrun --standalone (DDP: one per "

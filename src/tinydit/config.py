@@ -129,7 +129,7 @@ class TrainConfig:
     ema_decay: float = 0.999  # EMA of the weights used for sampling; warmed up as min(d, (1+s)/(10+s))
     class_dropout: float = 0.1  # probability of the null label (text: the empty caption), for guidance
     # Weight of REPA's representation alignment (tinydit.train.repa): the tokens after the second block are
-    # pulled towards a shipped encoder's features of the clean image (shapes only). 0: off. None: 0.5 for
+    # pulled towards a shipped encoder's features of the clean image (shapes, fashion-mnist). 0: off. None: 0.5 for
     # shapes class runs of a DiT, whose crosses it lets the model learn, else 0 (tinydit.train.resolve).
     repa: float | None = None
     # Training times: uniform | logit-normal (SD3). None: logit-normal for text runs (it raised MMDiT's
@@ -167,7 +167,7 @@ class TrainConfig:
     eval_every: int = 0
     eval_n: int = 500  # samples per evaluation: more is less noisy and slower
     eval_budget: str = "outside"  # outside | inside: whether evaluation time counts toward `minutes`
-    best_metric: str = "auto"  # auto: fid_<feature net> (shapes text runs: adherence_all_all); fid/kid: lower is better
+    best_metric: str = "auto"  # auto: shape_strict (shapes class), adherence_all_all (shapes text), else fid_<net>
     tensorboard: bool = False  # also write the metrics and sample grids for TensorBoard into RUN_DIR/tensorboard
     report: bool = True  # write RUN_DIR/report.html at the end of the run (tinydit report RUN_DIR)
 

@@ -167,7 +167,7 @@ def resolve_precision(name: str, device: torch.device) -> str:
     if name == "fp16" and device.type != "cuda":
         raise TinyDiTError(
             f"`precision` fp16 needs a CUDA device (it trains with a gradient scaler); on {device.type} "
-            "use fp32 (fastest on CPUs) or bf16"
+            "use `precision` auto, fp32 or bf16"
         )
     return name
 
