@@ -165,6 +165,77 @@ def cap_weight(t_cap: float) -> None:
     trainer.flow_loss = capped
 
 
+def use_self_conditioning(p_sc: float) -> None:
+    """Self-conditioning (Chen et al. 2022, "Analog Bits"; RIN, Jabri et al. 2023): the network also sees its own
+    estimate of the clean image. In training, for a random ``p_sc`` of each batch the estimate comes from a first
+    pass without gradients at the same x_t (zeros for the rest); in sampling it is the previous step's estimate
+    (zeros at the first step). The estimate enters through a 3x3 convolution, zero at initialisation, added to
+    the stem's convolution, so the model starts as the plain DiT."""
+    import dataclasses
+
+    import torch
+    from torch import nn
+
+    from tinydit.models import registry
+    from tinydit.models.dit import DiT
+
+    class SelfCondDiT(DiT):
+        def __init__(self, config):
+            super().__init__(config)
+            if self.stem is None:
+                raise SystemExit("--self-cond needs a preset with stem='conv'")
+            conv = self.stem[0]
+            self.sc_conv = nn.Conv2d(config.in_channels, conv.out_channels, kernel_size=3, padding=1)
+            nn.init.zeros_(self.sc_conv.weight)
+            nn.init.zeros_(self.sc_conv.bias)
+            self._x_sc = None
+            self._state = None  # sampling: the last estimate of x0 (N or 2N, C, H, W)
+
+        def embed_image(self, x):
+            conv, act = self.stem
+            h = act(conv(x) + self.sc_conv(self._x_sc.to(x.dtype)))
+            tokens = self.patchify(h)
+            if self.pos_embed is not None:
+                return tokens + self.pos_embed, None
+            return tokens, (self.rope_cos, self.rope_sin)
+
+        def network_output(self, x, t, y, x_sc):
+            self._x_sc = x_sc
+            tokens, rope = self.embed_image(x)
+            c, _, _ = self.condition(t, y)
+            return self.decode(self.trunk(tokens, c, rope), c)
+
+        def previous(self, x, t):
+            """The estimate to condition on in sampling: the last step's, reshaped to this batch."""
+            s = self._state
+            one_time = bool((t == t[0]).all())
+            if s is None or not one_time or float(t[0]) >= 0.999 or s.shape[1:] != x.shape[1:]:
+                return torch.zeros_like(x)
+            if s.shape[0] == x.shape[0]:
+                return s
+            if 2 * s.shape[0] == x.shape[0]:  # a guided step after an unguided one: both halves
+                return torch.cat([s, s])
+            if s.shape[0] == 2 * x.shape[0]:  # unguided after guided: the conditional half comes first
+                return s[: x.shape[0]]
+            return torch.zeros_like(x)
+
+        def forward(self, x, t, y=None, d=None):
+            if self.training:
+                x_sc = torch.zeros_like(x)
+                pick = torch.rand(x.shape[0], device=x.device) < p_sc
+                if pick.any():
+                    with torch.no_grad():
+                        est = self.network_output(x[pick], t[pick], y[pick], torch.zeros_like(x[pick]))
+                    x_sc[pick] = est.to(x.dtype)
+                out = self.network_output(x, t, y, x_sc)
+            else:
+                out = self.network_output(x, t, y, self.previous(x, t))
+                self._state = out.detach()
+            return self.velocity(x, t, out)
+
+    registry.MODEL_TYPES["dit"] = dataclasses.replace(registry.MODEL_TYPES["dit"], model_cls=SelfCondDiT)
+
+
 def palette_share(u8) -> float:
     """The share of pixels of uint8 images (N, 3, H, W) within 40/255 (RGB distance) of a palette colour."""
     from tinydit.data.shapes import _PALETTE
@@ -244,6 +315,13 @@ def main() -> None:
     p.add_argument(
         "--weight-cap", type=float, default=None, metavar="T", help="cap the loss's weight on x0's error below t = T"
     )
+    p.add_argument(
+        "--self-cond",
+        type=float,
+        default=0.0,
+        metavar="P",
+        help="self-conditioning: the share of each batch trained on the model's own estimate (also when scoring)",
+    )
     p.add_argument("--weights", choices=("ema", "raw"), default="ema", help="sample with the EMA or the raw weights")
     args = p.parse_args()
     if args.calibrate:
@@ -253,6 +331,8 @@ def main() -> None:
     if not args.out:
         p.error("--out is required unless --calibrate is given")
     out = Path(args.out)
+    if args.self_cond:
+        use_self_conditioning(args.self_cond)
     if not args.score_only:
         variant = {k: parse_value(v) for k, v in (a.split("=", 1) for a in args.variant)}
         if variant:
