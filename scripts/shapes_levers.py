@@ -236,6 +236,79 @@ def use_self_conditioning(p_sc: float) -> None:
     registry.MODEL_TYPES["dit"] = dataclasses.replace(registry.MODEL_TYPES["dit"], model_cls=SelfCondDiT)
 
 
+def use_low_resolution(steps: int) -> None:
+    """Train the first ``steps`` steps on the images at half resolution (2x2 averages, 16 x 16), then at full
+    resolution. A 16 x 16 image is a quarter of the tokens, so each of those steps costs a fraction of a full
+    one, and the layout (where a shape is, how large, what kind) is what the noisy half of the path decides
+    at any resolution. The model is the same: its tokens at 16 x 16 cover 8 x 8 pixels of the full image and
+    take the sin-cos positions of their centres on the full grid (2 i + 0.5); the noise is the 2x2 average of
+    the full noise, rescaled to unit variance, and the time is moved so that the pair of images keeps the
+    signal-to-noise ratio of the full one (odds t / (1 - t) halved: t' = t / (2 - t), SD3's resolution
+    shift). The alignment's target is the encoder's map of the full image, pooled to the 4 x 4 tokens."""
+    import dataclasses
+    import math
+
+    import torch
+    import torch.nn.functional as F
+
+    import tinydit.train.trainer as trainer
+    from tinydit.models import registry
+    from tinydit.models.dit import DiT
+    from tinydit.train.repa import Alignment
+
+    def sincos_at(dim: int, coords: torch.Tensor) -> torch.Tensor:
+        """sincos_2d's positions at the given coordinates along each axis: (len(coords)^2, dim)."""
+        omega = 1.0 / 10000 ** (torch.arange(dim // 4, dtype=torch.float64) / (dim // 4))
+        rows, cols = torch.meshgrid(coords, coords, indexing="ij")
+
+        def embed(pos):
+            angles = pos.reshape(-1, 1) * omega
+            return torch.cat([angles.sin(), angles.cos()], dim=1)
+
+        return torch.cat([embed(rows), embed(cols)], dim=1).float()
+
+    class MultiResDiT(DiT):
+        def __init__(self, config):
+            super().__init__(config)
+            half = config.grid_size // 2
+            coords = torch.arange(half, dtype=torch.float64) * 2 + 0.5
+            self.register_buffer("pos_half", sincos_at(config.dim, coords).unsqueeze(0), persistent=False)
+
+        def embed_image(self, x):
+            if x.shape[-1] == self.config.img_size:
+                return super().embed_image(x)
+            tokens = self.patchify(x if self.stem is None else self.stem(x))
+            return tokens + self.pos_half, None
+
+        def unpatchify(self, x):
+            n, p, g = x.shape[0], self.config.patch_size, math.isqrt(x.shape[1])
+            c = x.shape[2] // (p * p)
+            x = x.reshape(n, g, g, p, p, c).permute(0, 5, 1, 3, 2, 4)
+            return x.reshape(n, c, g * p, g * p)
+
+    registry.MODEL_TYPES["dit"] = dataclasses.replace(registry.MODEL_TYPES["dit"], model_cls=MultiResDiT)
+
+    flow_loss = trainer.flow_loss
+    calls = [0]
+
+    def low_res_loss(model, x0, y, t, noise, reduce=True):
+        calls[0] += 1
+        if calls[0] > steps:
+            return flow_loss(model, x0, y, t, noise, reduce)
+        x_half, noise_half = F.avg_pool2d(x0, 2), 2 * F.avg_pool2d(noise, 2)
+        return flow_loss(model, x_half, y, t / (2 - t), noise_half, reduce)
+
+    trainer.flow_loss = low_res_loss
+    align_loss = Alignment.loss
+
+    def loss(self, x0):
+        if self._tokens is not None:
+            self.grid = math.isqrt(self._tokens.shape[1])
+        return align_loss(self, x0)
+
+    Alignment.loss = loss
+
+
 def palette_share(u8) -> float:
     """The share of pixels of uint8 images (N, 3, H, W) within 40/255 (RGB distance) of a palette colour."""
     from tinydit.data.shapes import _PALETTE
@@ -322,6 +395,13 @@ def main() -> None:
         metavar="P",
         help="self-conditioning: the share of each batch trained on the model's own estimate (also when scoring)",
     )
+    p.add_argument(
+        "--low-res",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="train the first STEPS steps at half resolution (16 x 16 for shapes), the rest at full",
+    )
     p.add_argument("--weights", choices=("ema", "raw"), default="ema", help="sample with the EMA or the raw weights")
     args = p.parse_args()
     if args.calibrate:
@@ -333,6 +413,8 @@ def main() -> None:
     out = Path(args.out)
     if args.self_cond:
         use_self_conditioning(args.self_cond)
+    if args.low_res:
+        use_low_resolution(args.low_res)
     if not args.score_only:
         variant = {k: parse_value(v) for k, v in (a.split("=", 1) for a in args.variant)}
         if variant:
