@@ -309,6 +309,66 @@ def use_low_resolution(steps: int) -> None:
     Alignment.loss = loss
 
 
+def use_token_routing(rate: float, start: int = 1, end: int = 2) -> None:
+    """TREAD (Krause et al. 2025): in training, a random ``rate`` of each image's tokens skips blocks ``start``
+    to ``end`` and rejoins the stream unchanged after them, so those blocks run on fewer tokens; sampling
+    runs every token through every block. A long skip into the routed span carries the same tokens as the
+    span; the alignment (its tokens after block 2, inside the span) is scored on the tokens that took it."""
+    import dataclasses
+
+    import torch
+    import torch.nn.functional as F
+
+    from tinydit.models import registry
+    from tinydit.models.dit import DiT
+    from tinydit.train.repa import Alignment
+
+    routed = {}
+
+    def pick(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """x (N, T, D) at the token indices idx (N, K) -> (N, K, D)."""
+        return x.gather(1, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+
+    class RoutedDiT(DiT):
+        def trunk(self, tokens, c, rope):
+            if not self.training:
+                return super().trunk(tokens, c, rope)
+            if rope is not None:
+                raise SystemExit("--route takes a preset with sin-cos positions")
+            n_skips = len(self.skip_proj)
+            first = len(self.blocks) - n_skips
+            kept, idx, full = [], None, None
+            for i, block in enumerate(self.blocks):
+                if i == start:
+                    n, t, _ = tokens.shape
+                    idx = torch.rand(n, t, device=tokens.device).argsort(dim=1)[:, : round(t * (1 - rate))]
+                    routed["idx"] = idx  # (N, K): the tokens that take the span
+                    full, tokens = tokens, pick(tokens, idx)
+                if i >= first:
+                    skip = kept.pop()
+                    if skip.shape[1] != tokens.shape[1]:
+                        skip = pick(skip, idx)
+                    tokens = self.skip_proj[i - first](torch.cat([tokens, skip], dim=-1))
+                tokens = block(tokens, c, rope)
+                if i < n_skips:
+                    kept.append(tokens)
+                if i == end:
+                    tokens = full.scatter(1, idx.unsqueeze(-1).expand(-1, -1, full.shape[-1]), tokens.to(full.dtype))
+            return tokens
+
+    registry.MODEL_TYPES["dit"] = dataclasses.replace(registry.MODEL_TYPES["dit"], model_cls=RoutedDiT)
+
+    def loss(self, x0):
+        z = self.projector(self._tokens).float()  # (N, K, F)
+        self._tokens = None
+        target = self.target(x0)  # (N, T, F)
+        if target.shape[1] != z.shape[1]:
+            target = pick(target, routed["idx"])
+        return -F.cosine_similarity(z, target, dim=-1).mean()
+
+    Alignment.loss = loss
+
+
 def palette_share(u8) -> float:
     """The share of pixels of uint8 images (N, 3, H, W) within 40/255 (RGB distance) of a palette colour."""
     from tinydit.data.shapes import _PALETTE
@@ -402,6 +462,13 @@ def main() -> None:
         metavar="STEPS",
         help="train the first STEPS steps at half resolution (16 x 16 for shapes), the rest at full",
     )
+    p.add_argument(
+        "--route",
+        type=float,
+        default=0.0,
+        metavar="RATE",
+        help="TREAD: in training, RATE of each image's tokens skip blocks 1-2 (of 0-3) and rejoin after them",
+    )
     p.add_argument("--weights", choices=("ema", "raw"), default="ema", help="sample with the EMA or the raw weights")
     args = p.parse_args()
     if args.calibrate:
@@ -415,6 +482,8 @@ def main() -> None:
         use_self_conditioning(args.self_cond)
     if args.low_res:
         use_low_resolution(args.low_res)
+    if args.route:
+        use_token_routing(args.route)
     if not args.score_only:
         variant = {k: parse_value(v) for k, v in (a.split("=", 1) for a in args.variant)}
         if variant:
