@@ -369,22 +369,6 @@ def use_token_routing(rate: float, start: int = 1, end: int = 2) -> None:
     Alignment.loss = loss
 
 
-def allow_mmdit_alignment() -> None:
-    """Let an MMDiT run align too (the package allows ``repa`` on class DiTs only): its tokens after the second
-    joint block, the image stream of the pair that block returns, are pulled towards the same shipped encoder."""
-    import tinydit.train.resolve as resolve
-    from tinydit.train.repa import Alignment
-
-    check = resolve.check_repa
-    resolve.check_repa = lambda repa, data, model, few_step: check(repa, data, "dit", few_step)
-    keep = Alignment._keep
-
-    def keep_image_stream(self, module, args, output):
-        keep(self, module, args, output[0] if isinstance(output, tuple) else output)
-
-    Alignment._keep = keep_image_stream
-
-
 def palette_share(u8) -> float:
     """The share of pixels of uint8 images (N, 3, H, W) within 40/255 (RGB distance) of a palette colour."""
     from tinydit.data.shapes import _PALETTE
@@ -485,11 +469,6 @@ def main() -> None:
         metavar="RATE",
         help="TREAD: in training, RATE of each image's tokens skip blocks 1-2 (of 0-3) and rejoin after them",
     )
-    p.add_argument(
-        "--mmdit-repa",
-        action="store_true",
-        help="let `--set model=mmdit` runs align (`--set repa=W`); score them with `tinydit eval`",
-    )
     p.add_argument("--weights", choices=("ema", "raw"), default="ema", help="sample with the EMA or the raw weights")
     args = p.parse_args()
     if args.calibrate:
@@ -505,8 +484,6 @@ def main() -> None:
         use_low_resolution(args.low_res)
     if args.route:
         use_token_routing(args.route)
-    if args.mmdit_repa:
-        allow_mmdit_alignment()
     if not args.score_only:
         variant = {k: parse_value(v) for k, v in (a.split("=", 1) for a in args.variant)}
         if variant:
@@ -551,7 +528,7 @@ def main() -> None:
             ),
             flush=True,
         )
-    if args.mmdit_repa:
+    if args.set and any(a.replace(" ", "") == "model=mmdit" for a in args.set):
         return  # a text model: `tinydit eval` scores prompt adherence and the strict judge
     for spec in args.sample or ["euler:32:2", "euler:32:4"]:
         row = score(out / "checkpoint.pt", args.n, spec, args.weights == "ema", args.sample_seed)

@@ -50,6 +50,31 @@ def test_the_alignment_trains_the_early_blocks_and_the_projector_only():
         align.loss(x0)  # the tokens of one forward pass are used once
 
 
+def test_an_mmdit_aligns_the_image_tokens_of_its_second_joint_block():
+    """A joint block returns (image tokens, caption tokens): the alignment takes the image stream, and its
+    gradient reaches both joint blocks' image weights."""
+    from tinydit.models.mmdit import MMDiT, MMDiTConfig
+
+    torch.manual_seed(0)
+    config = MMDiTConfig(
+        img_size=32, in_channels=3, patch_size=4, dim=32, depth=2, single_blocks=1, n_heads=2, n_classes=4,
+        cond="text", vocab_size=16, text_len=8, text_depth=1,
+    )  # fmt: skip
+    model = MMDiT(config)
+    align = Alignment(model, "shapes_repa")
+    for p in model.parameters():  # past adaLN-Zero's zeros
+        p.data.normal_(0, 0.05)
+    x0 = torch.rand(3, 3, 32, 32) * 2 - 1
+    captions = torch.randint(3, 16, (3, 8))
+    model(torch.randn_like(x0), torch.rand(3), captions)
+    assert align._tokens.shape == (3, 64, 32)  # the 8 x 8 image tokens, not the 8 caption tokens
+    loss = align.loss(x0)
+    loss.backward()
+    for block in model.blocks:
+        assert block.x.attn.qkv.weight.grad.abs().sum() > 0
+    assert all(p.grad is None for p in model.single_blocks.parameters())  # after the aligned tokens
+
+
 def test_the_target_is_the_shipped_encoder_feature_map_on_the_token_grid():
     align = Alignment(_model(), "shapes_repa")
     net, record = load_feature_net("shapes_repa")
@@ -127,8 +152,8 @@ def test_a_repa_run_continues_exactly_and_its_checkpoint_is_the_model_alone(tmp_
     "change, message",
     [
         (dict(repa=-1.0), "`repa` must be >= 0"),
-        (dict(repa=0.5, few_step="shortcut"), "`repa` works with `model` dit and `few_step` none"),
-        (dict(repa=0.5, model="mmdit", preset="mmdit-0.2m"), "`repa` works with `model` dit"),
+        (dict(repa=0.5, few_step="shortcut"), "`repa` works with `few_step` none"),
+        (dict(repa=0.5, model="mmdit", preset="mmdit-0.2m"), "aligns the tokens after block 2; the model has 1"),
         (dict(repa=0.5, preset="dit-0.2m", data="cifar10"), "there is one for shapes, fashion-mnist, not for cifar10"),
     ],
 )
@@ -146,8 +171,10 @@ def test_an_alignment_the_run_cannot_do_is_refused_before_anything_is_written(tm
         (dict(data="shapes", repa=1.0), 1.0),
         (dict(data="fashion-mnist"), 0.0),  # an encoder, but a mixed gain for a dearer step: when asked
         (dict(data="fashion-mnist", repa=0.5), 0.5),
-        (dict(data="shapes", cond="text"), 0.0),  # text runs: not measured with it
-        (dict(data="shapes", model="mmdit"), 0.0),
+        (dict(data="shapes", cond="text"), 0.0),  # the pooled-text DiT: not measured with it
+        (dict(data="shapes", model="mmdit"), 0.5),  # the text-to-image MMDiT aligns
+        (dict(data="shapes", model="mmdit", preset="mmdit-0.2m"), 0.0),  # one joint block: too shallow
+        (dict(data="fashion-mnist", model="mmdit", cond="text"), 0.0),
         (dict(data="shapes", few_step="shortcut"), 0.0),
     ],
 )

@@ -130,7 +130,7 @@ class TrainConfig:
     class_dropout: float = 0.1  # probability of the null label (text: the empty caption), for guidance
     # Weight of REPA's representation alignment (tinydit.train.repa): the tokens after the second block are
     # pulled towards a shipped encoder's features of the clean image (shapes, fashion-mnist). 0: off. None: 0.5 for
-    # shapes class runs of a DiT, whose crosses it lets the model learn, else 0 (tinydit.train.resolve).
+    # shapes class DiTs and shapes MMDiTs, whose crosses it lets the model learn, else 0 (tinydit.train.resolve).
     repa: float | None = None
     # Training times: uniform | logit-normal (SD3). None: logit-normal for text runs (it raised MMDiT's
     # all-attribute accuracy on shapes) and for class runs on RGB data, whose presets predict x (then also

@@ -39,7 +39,7 @@ def repa_encoder(repa: float, data: str) -> str | None:
     return REPA_ENCODERS[data] if repa else None
 
 
-def check_repa(repa: float, data: str, model: str, few_step: str) -> None:
+def check_repa(repa: float, data: str, few_step: str, depth: int) -> None:
     """Refuse an alignment the run cannot do, naming what would make it work."""
     if repa == 0:
         return
@@ -48,8 +48,13 @@ def check_repa(repa: float, data: str, model: str, few_step: str) -> None:
             f"`repa` needs a shipped encoder for the data set; there is one for {', '.join(REPA_ENCODERS)}, "
             f"not for {data}: set `repa` 0"
         )
-    if model != "dit" or few_step != "none":
-        raise TinyDiTError("`repa` works with `model` dit and `few_step` none; set `repa` 0 for this run")
+    if few_step != "none":
+        raise TinyDiTError("`repa` works with `few_step` none; set `repa` 0 for this run")
+    if depth < REPA_DEPTH:
+        raise TinyDiTError(
+            f"`repa` aligns the tokens after block {REPA_DEPTH}; the model has {depth}: "
+            "set `repa` 0 or take a deeper preset"
+        )
 
 
 class Alignment(nn.Module):
@@ -80,8 +85,9 @@ class Alignment(nn.Module):
         self._tokens: torch.Tensor | None = None
         model.blocks[REPA_DEPTH - 1].register_forward_hook(self._keep)
 
-    def _keep(self, module: nn.Module, args, output: torch.Tensor) -> None:
-        self._tokens = output  # (N, T, D)
+    def _keep(self, module: nn.Module, args, output: torch.Tensor | tuple) -> None:
+        # A DiT block returns the image tokens; an MMDiT joint block returns (image tokens, caption tokens).
+        self._tokens = output[0] if isinstance(output, tuple) else output  # (N, T, D)
 
     @torch.no_grad()
     def target(self, x0: torch.Tensor) -> torch.Tensor:
