@@ -317,7 +317,6 @@ def use_token_routing(rate: float, start: int = 1, end: int = 2) -> None:
     import dataclasses
 
     import torch
-    import torch.nn.functional as F
 
     from tinydit.models import registry
     from tinydit.models.dit import DiT
@@ -358,15 +357,17 @@ def use_token_routing(rate: float, start: int = 1, end: int = 2) -> None:
 
     registry.MODEL_TYPES["dit"] = dataclasses.replace(registry.MODEL_TYPES["dit"], model_cls=RoutedDiT)
 
-    def loss(self, x0):
-        z = self.projector(self._tokens).float()  # (N, K, F)
-        self._tokens = None
-        target = self.target(x0)  # (N, T, F)
-        if target.shape[1] != z.shape[1]:
-            target = pick(target, routed["idx"])
-        return -F.cosine_similarity(z, target, dim=-1).mean()
+    loss, target = Alignment.loss, Alignment.target
 
-    Alignment.loss = loss
+    def routed_loss(self, x0):
+        routed["now"] = self._tokens is not None and self._tokens.shape[1] != self.grid**2  # this pass was routed
+        return loss(self, x0)
+
+    def routed_target(self, x0):
+        feats = target(self, x0)  # (N, T, F)
+        return pick(feats, routed["idx"]) if routed.get("now") else feats  # (N, K, F) after a routed pass
+
+    Alignment.loss, Alignment.target = routed_loss, routed_target
 
 
 def palette_share(u8) -> float:
@@ -478,6 +479,9 @@ def main() -> None:
     if not args.out:
         p.error("--out is required unless --calibrate is given")
     out = Path(args.out)
+    if sum(map(bool, (args.self_cond, args.low_res, args.route))) > 1:
+        p.error("--self-cond, --low-res and --route each build their own model: give one of them")
+    fields = {k: parse_value(v) for k, v in (a.split("=", 1) for a in args.set)}
     if args.self_cond:
         use_self_conditioning(args.self_cond)
     if args.low_res:
@@ -505,7 +509,6 @@ def main() -> None:
         if args.weight_cap:
             cap_weight(args.weight_cap)
 
-        fields = {k: parse_value(v) for k, v in (a.split("=", 1) for a in args.set)}
         if args.model_set:
             from tinydit.models.presets import MODEL_PRESETS
 
@@ -528,7 +531,7 @@ def main() -> None:
             ),
             flush=True,
         )
-    if args.set and any(a.replace(" ", "") == "model=mmdit" for a in args.set):
+    if fields.get("model") == "mmdit":
         return  # a text model: `tinydit eval` scores prompt adherence and the strict judge
     for spec in args.sample or ["euler:32:2", "euler:32:4"]:
         row = score(out / "checkpoint.pt", args.n, spec, args.weights == "ema", args.sample_seed)

@@ -50,6 +50,11 @@ def check_repa(repa: float, data: str, few_step: str, depth: int) -> None:
         )
     if few_step != "none":
         raise TinyDiTError("`repa` works with `few_step` none; set `repa` 0 for this run")
+    check_depth(depth)
+
+
+def check_depth(depth: int) -> None:
+    """Refuse a model with fewer than ``REPA_DEPTH`` blocks: it has no tokens to align."""
     if depth < REPA_DEPTH:
         raise TinyDiTError(
             f"`repa` aligns the tokens after block {REPA_DEPTH}; the model has {depth}: "
@@ -67,8 +72,7 @@ class Alignment(nn.Module):
 
     def __init__(self, model: nn.Module, encoder: str):
         super().__init__()
-        if model.config.depth < REPA_DEPTH:
-            raise TinyDiTError(f"`repa` aligns the tokens after block {REPA_DEPTH}; the model has {model.config.depth}")
+        check_depth(model.config.depth)
         net, _ = load_feature_net(encoder)
         body = list(net.body)
         pool = next(i for i, m in enumerate(body) if isinstance(m, nn.AdaptiveAvgPool2d))
