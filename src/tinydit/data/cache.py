@@ -2,6 +2,7 @@
 
     CachedDataset.images   uint8 (N, C, H, W)        labels  int64 (N,)        captions  N strings (or None)
     CachedDataset.batch(indices, generator)  ->  float32 (N, C, H, W) in [-1, 1], flipped at random; labels (N,)
+    CachedDataset.draw_flips(n, generator)   ->  (N,) bool: the flips ``batch`` draws, to pass it and keep
 
 ``CachedDataset.from_dataset`` decodes any map-style dataset of (image, label) pairs: the built-in
 loaders use it for image folders, and the trainer for a user's own ``torch.utils.data.Dataset``.
@@ -18,9 +19,13 @@ from tinydit.images import from_uint8, to_uint8
 __all__ = ["CachedDataset", "random_flip"]
 
 
-def random_flip(x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Mirror each image of (N, C, H, W) left-right with probability 1/2 (flip draws from ``generator``)."""
-    flip = torch.rand(x.shape[0], generator=generator) < 0.5  # (N,) on the CPU
+def random_flip(
+    x: torch.Tensor, generator: torch.Generator | None = None, flip: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Mirror each image of (N, C, H, W) left-right with probability 1/2 (flip draws from ``generator``), or
+    where ``flip`` (N,) bool says."""
+    if flip is None:
+        flip = torch.rand(x.shape[0], generator=generator) < 0.5  # (N,) on the CPU
     return torch.where(flip.to(x.device).view(-1, 1, 1, 1), x.flip(-1), x)  # (N, C, H, W)
 
 
@@ -69,13 +74,27 @@ class CachedDataset(Dataset):
             x = x.flip(-1)
         return x, int(self.labels[idx])
 
+    def draw_flips(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        """(n,) bool: which of a batch of n images ``batch`` mirrors, the draw it makes itself (none where the
+        set does not flip)."""
+        if not self.flip:
+            return torch.zeros(n, dtype=torch.bool)
+        return torch.rand(n, generator=generator) < 0.5
+
     def batch(
-        self, indices: torch.Tensor, generator: torch.Generator | None = None, device: str | torch.device = "cpu"
+        self,
+        indices: torch.Tensor,
+        generator: torch.Generator | None = None,
+        device: str | torch.device = "cpu",
+        flips: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Images (N, C, H, W) float32 in [-1, 1] and labels (N,) for ``indices``, flipped at random."""
+        """Images (N, C, H, W) float32 in [-1, 1] and labels (N,) for ``indices``, flipped at random (where
+        ``flips`` (N,) bool says, when given: ``draw_flips``)."""
         x = from_uint8(self.images[indices].to(device, non_blocking=True))  # (N, C, H, W) in [-1, 1]
-        if self.flip:
-            x = random_flip(x, generator)
+        if flips is None:
+            flips = self.draw_flips(len(x), generator)
+        if flips.any():
+            x = random_flip(x, flip=flips)
         return x, self.labels[indices].to(device, non_blocking=True)
 
     def subset(self, indices: torch.Tensor | list[int], flip: bool | None = None) -> CachedDataset:

@@ -64,10 +64,13 @@ class RunData:
             **prompts,
         }
 
-    def batch(self, train: bool, idx: torch.Tensor, generator=None, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
-        """Images (N, C, H, W) and their conditions: labels (N,), or caption ids (N, L) in text runs."""
+    def batch(
+        self, train: bool, idx: torch.Tensor, generator=None, device="cpu", flips: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Images (N, C, H, W) and their conditions: labels (N,), or caption ids (N, L) in text runs.
+        ``flips`` (N,) bool: which images are mirrored (``CachedDataset.draw_flips``), else drawn here."""
         ds, tokens = (self.train_set, self.train_tokens) if train else (self.val_set, self.val_tokens)
-        x, y = ds.batch(idx, generator=generator, device=device)
+        x, y = ds.batch(idx, generator=generator, device=device, flips=flips)
         if tokens is not None:
             y = tokens[idx].to(device, non_blocking=True)
         return x, y

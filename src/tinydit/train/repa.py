@@ -24,7 +24,7 @@ from torch import nn
 from tinydit.errors import TinyDiTError
 from tinydit.eval.features import load_feature_net
 
-__all__ = ["REPA_ENCODERS", "REPA_DEPTH", "Alignment", "check_repa", "repa_encoder"]
+__all__ = ["REPA_ENCODERS", "REPA_DEPTH", "Alignment", "TargetCache", "check_repa", "repa_encoder"]
 
 # data set -> the shipped encoder whose features the tokens are aligned to
 # (scripts/train_feature_net.py --name, recorded in assets/feature_nets.json)
@@ -32,6 +32,12 @@ REPA_ENCODERS = {"shapes": "shapes_repa", "fashion-mnist": "fmnist_repa"}
 # the tokens after this many blocks are aligned: early, so that the later blocks build on what they learn
 REPA_DEPTH = 2
 PROJECTOR_WIDTH = 256  # the projector's hidden width (REPA's is 2048 for 1152-wide tokens)
+# Kept targets are computed in batches of exactly this many images, so that one image's target does not
+# depend on which images shared its batch (a convolution library may pick another kernel for another batch
+# size): a continued run, or another rank, computes the same bits.
+TARGET_BATCH = 64
+# A set whose targets would take more than this (bfloat16, both ways round) computes them every step instead.
+MAX_KEPT_BYTES = 2 * 2**30
 
 
 def repa_encoder(repa: float, data: str) -> str | None:
@@ -87,7 +93,18 @@ class Alignment(nn.Module):
             nn.Linear(PROJECTOR_WIDTH, net.feature_dim),
         )
         self._tokens: torch.Tensor | None = None
+        self._kept: TargetCache | None = None
         model.blocks[REPA_DEPTH - 1].register_forward_hook(self._keep)
+
+    def keep_targets(self, n_images: int) -> bool:
+        """Keep the target of each of ``n_images`` training images (both ways round) once computed, where
+        they fit in ``MAX_KEPT_BYTES``; returns whether they do. ``loss`` then needs each image's key."""
+        tokens, features = self.grid * self.grid, self.projector[-1].out_features
+        if 2 * n_images * tokens * features * 2 > MAX_KEPT_BYTES:
+            self._kept = None
+        else:
+            self._kept = TargetCache(n_images, tokens, features)
+        return self._kept is not None
 
     def _keep(self, module: nn.Module, args, output: torch.Tensor | tuple) -> None:
         # A DiT block returns the image tokens; an MMDiT joint block returns (image tokens, caption tokens).
@@ -105,10 +122,45 @@ class Alignment(nn.Module):
         feats = F.adaptive_avg_pool2d(feats, self.grid)  # (N, F, grid, grid), row-major as the tokens
         return feats.flatten(2).transpose(1, 2)  # (N, T, F)
 
-    def loss(self, x0: torch.Tensor) -> torch.Tensor:
-        """-cos(projector(tokens), features), the mean over tokens and images: in [-1, 1], lower is better."""
+    def loss(self, x0: torch.Tensor, keys: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """-cos(projector(tokens), features), the mean over tokens and images: in [-1, 1], lower is better.
+
+        ``keys``: (index (N,) int64 in the training set, mirrored (N,) bool) of each image of x0, where the
+        run keeps its targets (``keep_targets``)."""
         if self._tokens is None:
             raise TinyDiTError("the alignment loss needs the model's forward pass on the same images first")
         z = self.projector(self._tokens).float()  # (N, T, F)
         self._tokens = None
-        return -F.cosine_similarity(z, self.target(x0), dim=-1).mean()
+        if self._kept is not None and keys is not None:
+            target = self._kept.get(x0, *keys, self.target)
+        else:
+            target = self.target(x0)
+        return -F.cosine_similarity(z, target, dim=-1).mean()
+
+
+class TargetCache:
+    """The alignment targets (T, F) of ``n`` training images, each way round, kept in bfloat16 (a direction,
+    which bf16 keeps) once computed. Memory is taken as targets arrive, up to 4 n T F bytes."""
+
+    def __init__(self, n: int, tokens: int, features: int):
+        self.n, self.shape = n, (tokens, features)
+        self.store: torch.Tensor | None = None  # (2 n, T, F) bfloat16 on the first images' device
+        self.filled = torch.zeros(2 * n, dtype=torch.bool)  # on the CPU: which rows hold a target
+
+    def get(self, x0: torch.Tensor, index: torch.Tensor, mirrored: torch.Tensor, compute) -> torch.Tensor:
+        """The targets of images x0 (N, C, H, W), training-set ``index`` (N,) flipped where ``mirrored`` (N,):
+        float32 (N, T, F). The missing ones come from ``compute(images)`` in batches of ``TARGET_BATCH``."""
+        rows = index.cpu() + self.n * mirrored.cpu().long()  # (N,) row of each image's target
+        if self.store is None:
+            self.store = torch.empty(2 * self.n, *self.shape, dtype=torch.bfloat16, device=x0.device)
+        missing = (~self.filled[rows]).nonzero().flatten()  # (M,) positions in the batch
+        if missing.numel():
+            # An image twice in one batch is computed once, at its first position: (U,) positions.
+            new, which = torch.unique(rows[missing], return_inverse=True)
+            pos = torch.full((len(new),), len(rows)).scatter_reduce(0, which, missing, reduce="amin")
+            for chunk in pos.split(TARGET_BATCH):
+                pad = chunk.new_full((TARGET_BATCH - len(chunk),), int(chunk[0]))  # the batch's size is fixed
+                feats = compute(x0[torch.cat([chunk, pad]).to(x0.device)])[: len(chunk)]  # (len, T, F)
+                self.store[rows[chunk].to(x0.device)] = feats.to(torch.bfloat16)
+                self.filled[rows[chunk]] = True
+        return self.store[rows.to(x0.device)].float()  # (N, T, F)

@@ -116,6 +116,8 @@ class Trainer:
         student_of = teacher_state["ema"] if teacher_state is not None and state is None else None
         setup = (cfg.model, self.model_config, cfg, self.device, self.precision, self.world, self.compiled)
         self.run = Run(*setup, student_of, unfused, repa_encoder(cfg.repa, self.data.name))
+        if self.run.alignment is not None:  # the encoder runs once per training image, not once per step
+            self.run.alignment.keep_targets(len(self.data.train_set))
         if state is not None:  # also keeps its token-linear kernel where the device and precision are the same
             self.run.restore(state, self.ckpt_path, cfg.model, self.model_config, self.data.train_set.classes)
         elif overwrite and main:
@@ -164,7 +166,8 @@ class Trainer:
         if self.teacher is not None:
             loss = self.teacher.loss(run.forward, idx[mine], dev, self.precision, g_loss)
             return run.update(loss, self.budget.lr_at(run.step))
-        x, y = self.data.batch(True, idx, generator=g, device=dev)  # (N, C, H, W), (N,) or (N, L)
+        flips = self.data.train_set.draw_flips(len(idx), g)  # (N,) bool, kept: the alignment's targets are per way round
+        x, y = self.data.batch(True, idx, device=dev, flips=flips)  # (N, C, H, W), (N,) or (N, L)
         n = x.shape[0]
         t = sample_t(n, generator=g, device=dev, kind=cfg.t_sampling, shift=cfg.t_shift)  # (N,)
         noise = torch.randn(x.shape, generator=g).to(dev)  # (N, C, H, W)
@@ -178,7 +181,8 @@ class Trainer:
                 n_fm -= n_self_consistency(n_fm)  # the rest are self-consistency examples
             else:
                 per_sample = flow_loss(run.forward, x, y, t, noise, reduce=False)  # (n,)
-            flow, align = per_sample.mean(), run.alignment.loss(x) if run.alignment else None  # REPA: tokens vs x
+            flow = per_sample.mean()
+            align = run.alignment.loss(x, (idx[mine], flips[mine])) if run.alignment else None  # REPA: tokens vs x
         self.events.window.add_times(t[:n_fm], per_sample[:n_fm], align)
         run.update(flow if align is None else flow + cfg.repa * align, self.budget.lr_at(run.step))
         return flow.detach()  # the flow-matching loss: comparable with runs that do not align
