@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from tinydit.compiling import eagerly
 from tinydit.errors import TinyDiTError
 from tinydit.eval.evaluate import default_best_metric, lower_is_better
 from tinydit.eval.sampling import score_model
@@ -140,8 +141,9 @@ class Events:
     def validate(self) -> None:
         """The validation loss of the raw weights and of the EMA (also per bin of t) into metrics.jsonl."""
         tr = self.trainer
-        self.val = tr.validation_losses(tr.run.model)[0]
-        self.val_ema, self.by_t = tr.validation_losses(tr.run.ema)
+        with eagerly():  # the model's compiled blocks (regional compilation) run as they are
+            self.val = tr.validation_losses(tr.run.model)[0]
+            self.val_ema, self.by_t = tr.validation_losses(tr.run.ema)
         key = "val_loss_ema_by_steps" if tr.teacher is not None else "val_loss_ema_by_t"
         tr.log.record(
             {
