@@ -102,6 +102,13 @@ def test_cached_dataset_batch_flips_and_ranges():
     assert torch.equal(x[:, :, :, 0] == 1, x[:, :, :, -1] != 1)
     x2, _ = ds.batch(torch.arange(64), generator=torch.Generator().manual_seed(0))
     assert torch.equal(x, x2)  # flips come from the generator
+    # draw_flips is the draw batch makes: passed back, the same images (the trainer keeps the flips)
+    flips = ds.draw_flips(64, torch.Generator().manual_seed(0))
+    assert torch.equal(ds.batch(torch.arange(64), flips=flips)[0], x)
+    assert torch.equal(flips, x[:, 0, 0, -1] == 1)  # True where the white column went right
+    still = CachedDataset(img.expand(4, -1, -1, -1).clone(), torch.zeros(4, dtype=torch.long), ["a"], flip=False)
+    g = torch.Generator().manual_seed(0)
+    assert not still.draw_flips(4, g).any() and torch.equal(g.get_state(), torch.Generator().manual_seed(0).get_state())
 
 
 def test_cached_image_folder_matches_the_transform_and_splits_disjointly(tmp_path, monkeypatch):

@@ -8,12 +8,25 @@ import pytest
 
 PACKAGE = Path(__file__).parent.parent / "src" / "tinydit"
 # the vocabulary every layer shares
-LEAVES = {"errors", "config", "runtime", "files", "images", "tokens", "progress", "distributed", "version", "flags"}
+LEAVES = {
+    "errors",
+    "config",
+    "runtime",
+    "compiling",
+    "files",
+    "images",
+    "tokens",
+    "progress",
+    "distributed",
+    "version",
+    "flags",
+}
 # The ground floor: the configuration and the runtime import only these of the package (never models, flow,
 # data, train or eval, nor the other leaves).
 GROUND = {
     "tinydit.errors": set(),
-    "tinydit.runtime": {"tinydit.errors"},
+    "tinydit.compiling": set(),
+    "tinydit.runtime": {"tinydit.errors", "tinydit.compiling"},
     "tinydit.config": {"tinydit.errors", "tinydit.runtime", "tinydit.tokens"},
 }
 # What each layer may import (besides itself). The package root holds the version and get_device from the

@@ -201,3 +201,55 @@ def test_a_run_stored_before_the_alignment_existed_reads_as_one_without_it(tmp_p
     trainer = Trainer(fast_config(tmp_path, steps=4, repa=0.0), progress=False)
     assert trainer.run.step == 2 and trainer.run.alignment is None
     trainer.close()
+
+
+def test_kept_targets_are_the_encoders_computed_once_and_the_same_bits_whatever_shares_their_batch():
+    """The kept target of an image is its computed target (in bf16), the encoder runs on each image once, and
+    the bits do not depend on the batch it came in (a continued run meets its images in other batches); a
+    flipped image keeps a target of its own."""
+    from tinydit.train.repa import TARGET_BATCH
+
+    align = Alignment(_model(), "shapes_repa")
+    assert align.keep_targets(40)
+    ds = ShapesDataset(n=40, train=False)
+    x0 = torch.stack([ds[i][0] for i in range(40)])  # (40, C, H, W)
+    seen = []
+
+    def compute(x):
+        seen.append(len(x))
+        return align.target(x)
+
+    cache = align._kept
+    index, plain = torch.arange(40), torch.zeros(40, dtype=torch.bool)
+    whole = cache.get(x0, index, plain, compute)  # (40, T, F)
+    assert seen == [TARGET_BATCH]  # 40 new images: one batch of the fixed size
+    torch.testing.assert_close(whole, align.target(x0).to(torch.bfloat16).float())
+    again = cache.get(x0[:5], index[:5], plain[:5], compute)
+    assert seen == [TARGET_BATCH] and torch.equal(again, whole[:5])  # kept: no encoder call
+    # Another cache meets the images three at a time, with a duplicate: the same bits.
+    other = Alignment(_model(), "shapes_repa")
+    other.keep_targets(40)
+    for part in index.split(3):
+        twice = torch.cat([part, part[:1]])
+        got = other._kept.get(x0[twice], twice, plain[: len(twice)], other.target)
+        assert torch.equal(got, whole[twice])
+    # The mirrored image is another row: its own target, not the unflipped one's.
+    mirrored = cache.get(x0[:4].flip(-1), index[:4], ~plain[:4], compute)
+    assert len(seen) == 2 and not torch.equal(mirrored, whole[:4])
+    torch.testing.assert_close(mirrored, align.target(x0[:4].flip(-1)).to(torch.bfloat16).float())
+
+
+def test_targets_too_large_to_keep_are_computed_every_step(monkeypatch):
+    import tinydit.train.repa as repa
+
+    align = Alignment(_model(), "shapes_repa")
+    tokens, features = 64, align.projector[-1].out_features
+    monkeypatch.setattr(repa, "MAX_KEPT_BYTES", 2 * 100 * tokens * features * 2)
+    assert align.keep_targets(100) and not align.keep_targets(101)
+    x0 = torch.rand(2, 3, 32, 32) * 2 - 1
+    model_tokens = torch.randn(2, 64, 32)
+    align._tokens = model_tokens
+    expected = -torch.nn.functional.cosine_similarity(align.projector(model_tokens), align.target(x0), dim=-1).mean()
+    align._tokens = model_tokens
+    got = align.loss(x0, (torch.tensor([0, 1]), torch.tensor([False, False])))  # keys ignored: nothing kept
+    torch.testing.assert_close(got, expected)

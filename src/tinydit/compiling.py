@@ -30,7 +30,6 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch._inductor.runtime import cache_dir_utils
 
 __all__ = [
     "CACHE_ENV",
@@ -43,15 +42,17 @@ __all__ = [
 ]
 
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"  # Inductor's own variable: a user's setting is kept
-_failures = (torch._dynamo.exc.BackendCompilerFailed, OSError)  # InductorError is a BackendCompilerFailed
 
 
 def cache_dir() -> Path:
     """The directory Inductor keeps this process's compiled kernels in: the user's ``TORCHINDUCTOR_CACHE_DIR``,
     else the kept one (``use_cache_dir`` sets it)."""
     # Importing Inductor writes its own default (a folder in /tmp) into the variable: that is not a choice.
+    # (Imported here, not with the package: Inductor takes a second or more to import.)
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
     given = os.environ.get(CACHE_ENV)
-    return Path(given) if given and given != cache_dir_utils.default_cache_dir() else _default_cache_dir()
+    return Path(given) if given and given != default_cache_dir() else _default_cache_dir()
 
 
 def _default_cache_dir() -> Path:
@@ -118,6 +119,14 @@ def eagerly() -> contextlib.AbstractContextManager:
     return torch.compiler.set_stance("force_eager")
 
 
+def _compile_failure(error: Exception) -> bool:
+    """Whether ``error`` is Inductor failing to compile or load (InductorError is a BackendCompilerFailed),
+    or the disk under its cache failing."""
+    import torch._dynamo.exc
+
+    return isinstance(error, (torch._dynamo.exc.BackendCompilerFailed, OSError))
+
+
 class GuardedCompile:
     """``model`` called through its compiled form ``compiled``, recovering from a compile cache that
     cannot be used: the first failure clears the cache and compiles again, a second one runs eagerly
@@ -132,8 +141,8 @@ class GuardedCompile:
         while True:
             try:
                 return self.compiled(*args, **kwargs)
-            except _failures as e:
-                if self.eager:  # nothing compiled is left to fail
+            except Exception as e:
+                if self.eager or not _compile_failure(e):  # a bug in the model is not the cache's fault
                     raise
                 self._recover(e)
 

@@ -151,8 +151,8 @@ class TrainConfig:
     seed: int = 0  # the one seed behind data order, flips, times, noise and initial weights
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     precision: str = "auto"  # auto | fp32 | bf16 | fp16 (CUDA only); auto = fastest measured on the device
-    # auto | on | off: torch.compile the training and sampling forward passes. auto: on CUDA, and on a CPU for
-    # a `minutes` run of at least 10 minutes (tinydit.runtime.COMPILE_CPU_MINUTES) with a C++ compiler
+    # auto | on | off: torch.compile the training forward pass (on CUDA also sampling's). auto: on CUDA, and on
+    # a CPU for a `minutes` run of at least 3 minutes (tinydit.runtime.COMPILE_CPU_MINUTES) with a C++ compiler
     compile: str = "auto"
     log_every: int = 50  # steps between lines in metrics.jsonl
     val_every: int = 250  # steps between validation losses on the fixed held-out batch

@@ -7,8 +7,9 @@ The defaults are what measured fastest (``python benchmarks/bench_train.py --mod
   (``cpu_bf16_is_faster``: AMX, and some AVX512-BF16 parts), else fp32. Reporting native bf16 is not
   enough: an AVX512-BF16 CPU without AMX can run bf16 matmuls at half its fp32 rate, and CPUs without
   native bf16 emulate it at a crawl.
-- ``torch.compile`` on CPU makes a training step faster, but compiling takes a minute or more at the
-  start of a run on a small CPU, which only pays after minutes of training, and it needs a C++ compiler: ``auto``
+- ``torch.compile`` on CPU makes a training step faster, but compiling the repeated blocks takes tens of
+  seconds at the start of a run on a small CPU from an empty cache (seconds from the kept one,
+  ``tinydit.compiling``), which pays only after minutes of training, and it needs a C++ compiler: ``auto``
   compiles a CPU training run only when its time budget is at least ``COMPILE_CPU_MINUTES`` and a
   compiler is found, and never for sampling.
 - CUDA: bf16 autocast where supported, and ``torch.compile``.
@@ -173,9 +174,9 @@ def resolve_precision(name: str, device: torch.device) -> str:
     return name
 
 
-# A CPU training run with a time budget of at least this many minutes compiles under `auto`. Compiling
-# costs a minute or more of a small CPU's budget (the first step, the first sample grid, the validation batch) and
-# then each step is faster, so it pays only when enough budget is left to win those seconds back.
+# A CPU training run with a time budget of at least this many minutes compiles under `auto`. A cold
+# compilation of the blocks costs tens of seconds of a small CPU's budget at the first step, and then each
+# step is faster: a budget this long wins a cold start back, a warm one (the kept cache) at once.
 COMPILE_CPU_MINUTES = 3.0
 
 
@@ -187,8 +188,8 @@ def has_cxx_compiler() -> bool:
 
 def resolve_compile(flag: str | bool, device: torch.device, minutes: float | None = None) -> bool:
     """'auto' compiles on CUDA, and on CPU only a training run with a time budget (``minutes``) of at
-    least ``COMPILE_CPU_MINUTES`` where a C++ compiler is found: compiling costs a minute or more on a small
-    CPU, which a shorter or open-ended CPU run (sampling, a `steps` run) is not measured to win back."""
+    least ``COMPILE_CPU_MINUTES`` where a C++ compiler is found: a cold compilation costs tens of seconds on a
+    small CPU, which a shorter or open-ended CPU run (sampling, a `steps` run) is not measured to win back."""
     if isinstance(flag, bool):
         return flag
     if flag == "auto":

@@ -166,7 +166,7 @@ class Trainer:
         if self.teacher is not None:
             loss = self.teacher.loss(run.forward, idx[mine], dev, self.precision, g_loss)
             return run.update(loss, self.budget.lr_at(run.step))
-        flips = self.data.train_set.draw_flips(len(idx), g)  # (N,) bool, kept: the alignment's targets are per way round
+        flips = self.data.train_set.draw_flips(len(idx), g)  # (N,) bool: the alignment keeps a target per way round
         x, y = self.data.batch(True, idx, device=dev, flips=flips)  # (N, C, H, W), (N,) or (N, L)
         n = x.shape[0]
         t = sample_t(n, generator=g, device=dev, kind=cfg.t_sampling, shift=cfg.t_shift)  # (N,)

@@ -1,0 +1,179 @@
+"""Compiling on a time budget (tinydit.compiling): regional compilation, the kept cache, and a bad cache costing
+speed, not the run. The cases that compile run in their own processes, as a run meets its cache."""
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from tinydit import compiling
+from tinydit.models.dit import DiT
+from tinydit.models.dit_config import DiTConfig
+from tinydit.runtime import resolve_compile
+
+# A model with a `blocks` list, compiled by tinydit.runtime.maybe_compile in a fresh process; prints its output.
+SCRIPT = textwrap.dedent(
+    """
+    import torch, warnings
+    from torch import nn
+    from tinydit.runtime import maybe_compile
+
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.GELU()) for _ in range(2))
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = x + block(x)
+            return x
+
+    torch.manual_seed(0)
+    model = Tiny()
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        eager = model(x)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = maybe_compile(model, True)(x)
+    for w in caught:
+        if "compil" in str(w.message):  # TinyDiT's about the cache (torch's own may come and go)
+            print("warning:", w.message)
+    print("equal:", torch.allclose(out, eager, atol=1e-6))
+    """
+)
+
+
+def _compile_in(cache: os.PathLike, **popen) -> subprocess.Popen:
+    env = {**os.environ, compiling.CACHE_ENV: str(cache)}
+    return subprocess.Popen(
+        [sys.executable, "-c", SCRIPT], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen
+    )
+
+
+def _finish(proc: subprocess.Popen) -> str:
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    return out
+
+
+def _dit(**kw) -> DiT:
+    return DiT(DiTConfig(img_size=16, in_channels=3, patch_size=4, dim=32, depth=3, n_heads=2, n_classes=4, **kw))
+
+
+def test_regions_are_the_repeated_blocks_compiled_in_place_with_the_weights_untouched():
+    from tinydit.models.mmdit import MMDiT, MMDiTConfig
+
+    model = _dit()
+    keys = list(model.state_dict())
+    assert compiling.repeated_blocks(model) == list(model.blocks)
+    mmdit = MMDiT(
+        MMDiTConfig(
+            img_size=16,
+            in_channels=3,
+            patch_size=4,
+            dim=32,
+            depth=2,
+            single_blocks=1,
+            n_heads=2,
+            vocab_size=8,
+            text_len=4,
+        )
+    )
+    assert compiling.repeated_blocks(mmdit) == [*mmdit.blocks, *mmdit.single_blocks]
+    undo = compiling.compile_regions(model)
+    assert all(b._compiled_call_impl is not None for b in model.blocks)
+    assert list(model.state_dict()) == keys  # checkpoints hold the same names
+    undo()
+    assert all(b._compiled_call_impl is None for b in model.blocks)
+    with pytest.raises(ValueError, match="no `\\*blocks` list"):
+        compiling.compile_regions(nn.Linear(2, 2))
+
+
+def test_a_failing_compilation_is_tried_once_more_then_runs_eagerly(tmp_path, monkeypatch):
+    """A cache on a full disk (or corrupt) fails inside the first compiled call: one warning, the cache
+    emptied, a second try; a second failure warns again and the model runs eagerly. Other errors pass."""
+    monkeypatch.setenv(compiling.CACHE_ENV, str(tmp_path / "cache"))
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "entry").write_text("half-written")
+    model, undone = nn.Linear(3, 2), []
+
+    def full_disk(x):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    guarded = compiling.GuardedCompile(model, full_disk, lambda: undone.append(True))
+    x = torch.randn(5, 3)
+    with pytest.warns(UserWarning) as caught:
+        out = guarded(x)
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 2 and "could not be used" in messages[0] and "without compiling" in messages[1]
+    assert "No space left" in messages[0]
+    assert torch.equal(out, model(x)) and undone == [True] and guarded.eager
+    assert not (tmp_path / "cache" / "entry").exists()  # the bad cache was emptied
+    assert compiling.GuardedCompile(model, model)._orig_mod is model  # models.checkpoint.unwrap finds it
+
+    def bug(x):
+        raise ValueError("a shape error in the model")
+
+    with pytest.raises(ValueError, match="shape error"):
+        compiling.GuardedCompile(model, bug)(x)  # not the cache's fault: no retry, no warning
+
+
+def test_the_cache_is_kept_where_the_user_says_else_in_the_user_cache_and_an_unwritable_one_is_replaced(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv(compiling.CACHE_ENV, str(tmp_path / "mine"))
+    assert compiling.cache_dir() == tmp_path / "mine"
+    monkeypatch.delenv(compiling.CACHE_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert compiling.cache_dir() == tmp_path / "xdg" / "tinydit" / "compile" / f"torch-{torch.__version__}"
+    # Inductor's own default (written into the variable when it is imported) is not a user's choice
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setenv(compiling.CACHE_ENV, default_cache_dir())
+    assert compiling.cache_dir().is_relative_to(tmp_path / "xdg")
+    # A directory that cannot be made (even by root: a file stands in its path) costs a cold start, not the run.
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv(compiling.CACHE_ENV, str(tmp_path / "file" / "cache"))
+    with pytest.warns(UserWarning, match="cannot be written"):
+        used = compiling.use_cache_dir()
+    assert used.is_dir() and os.environ[compiling.CACHE_ENV] == str(used)
+
+
+def test_auto_compiles_the_quick_start_on_a_cpu_with_a_compiler(monkeypatch):
+    import tinydit.runtime as runtime
+
+    monkeypatch.setattr(runtime, "has_cxx_compiler", lambda: True)
+    assert resolve_compile("auto", torch.device("cpu"), 5) is True  # README: `--minutes 5`
+    assert resolve_compile("auto", torch.device("cpu"), 1) is False  # a minute cannot win a cold start back
+
+
+@pytest.mark.slow
+def test_runs_share_a_cache_at_once_one_killed_mid_compile_costs_nothing_and_a_corrupt_one_is_rebuilt(tmp_path):
+    """Two runs compile into one empty cache at once and one is killed mid-way: the other finishes. Then
+    every entry is corrupted (a stale or torn cache at its worst): the next run warns once, rebuilds it and
+    computes what the eager model computes, and the run after it loads the rebuilt cache without a word."""
+    cache = tmp_path / "cache"
+    killed, survivor = _compile_in(cache, start_new_session=True), _compile_in(cache)
+    time.sleep(4)  # past the imports, inside the compilation
+    os.killpg(killed.pid, signal.SIGKILL)
+    killed.communicate()
+    assert killed.returncode == -signal.SIGKILL
+    first = _finish(survivor)
+    assert first.strip().endswith("equal: True") and "warning" not in first
+    files = [p for p in cache.rglob("*") if p.is_file()]
+    assert files
+    for p in files:
+        p.write_text("garbage")
+    second = _finish(_compile_in(cache))
+    assert second.count("warning:") == 1 and "could not be used" in second, second
+    assert second.strip().endswith("equal: True")
+    third = _finish(_compile_in(cache))
+    assert "warning" not in third and third.strip().endswith("equal: True")
