@@ -3,6 +3,7 @@
     python benchmarks/bench_ddp.py                         # CPU: 2 ranks x 1 thread against 1 rank x 2 threads
     python benchmarks/bench_ddp.py --preset dit-0.2m --steps 200 --repeats 5
     python benchmarks/bench_ddp.py --device cuda --nproc 8 --precision bf16    # one rank per GPU against one GPU
+    python benchmarks/bench_ddp.py --preset dit-1.4m --batch 64 --precision bf16 --compile on --steps 500  # quick start
 
 Each run is the real ``tinydit train`` (a fresh run directory, the same global batch and seed), and its
 rate is the trainer's own images per second (metrics.jsonl, ``img_per_s``) over the windows after the
@@ -50,6 +51,8 @@ def run(out: Path, nproc: int, threads: int, args: argparse.Namespace) -> float:
         "100000",
         "--precision",
         args.precision,
+        "--compile",
+        args.compile,
         "--device",
         args.device,
         "--no-report",
@@ -97,6 +100,7 @@ def main() -> None:
         help="threads of the one-process run (default: --nproc; each rank gets one on a CPU)",
     )
     p.add_argument("--device", default="cpu")
+    p.add_argument("--compile", default="off", help="each run's --compile (on: the quick start's compiled step)")
     p.add_argument("--precision", default="fp32")
     args = p.parse_args()
     threads = args.threads or (args.nproc if args.device == "cpu" else 1)
