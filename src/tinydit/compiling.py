@@ -69,20 +69,27 @@ def _writable(path: Path) -> bool:
         return False
 
 
+def _fresh_dir() -> Path:
+    """An empty temporary cache, in place of one that cannot be written; Inductor is pointed at it."""
+    path = Path(tempfile.mkdtemp(prefix="tinydit-compile-"))
+    os.environ[CACHE_ENV] = str(path)
+    return path
+
+
 def use_cache_dir() -> Path:
     """Point Inductor at the kept cache, unless ``TORCHINDUCTOR_CACHE_DIR`` is set already; a directory that
     cannot be written is replaced by a temporary one (with a warning): the run compiles, cold."""
     path = cache_dir()
-    if not _writable(path):
-        fresh = Path(tempfile.mkdtemp(prefix="tinydit-compile-"))
-        warnings.warn(
-            f"the compile cache {path} cannot be written; compiling into {fresh} instead, so the next run "
-            f"starts cold too (set {CACHE_ENV} to a writable directory to keep it)",
-            stacklevel=2,
-        )
-        path = fresh
-    os.environ[CACHE_ENV] = str(path)
-    return path
+    if _writable(path):
+        os.environ[CACHE_ENV] = str(path)
+        return path
+    fresh = _fresh_dir()
+    warnings.warn(
+        f"the compile cache {path} cannot be written; compiling into {fresh} instead, so the next run "
+        f"starts cold too (set {CACHE_ENV} to a writable directory to keep it)",
+        stacklevel=2,
+    )
+    return fresh
 
 
 def repeated_blocks(model: nn.Module) -> list[nn.Module]:
@@ -154,8 +161,7 @@ class GuardedCompile:
             path = cache_dir()
             shutil.rmtree(path, ignore_errors=True)
             if not _writable(path):
-                path = Path(tempfile.mkdtemp(prefix="tinydit-compile-"))
-                os.environ[CACHE_ENV] = str(path)
+                path = _fresh_dir()
             warnings.warn(
                 f"the compile cache could not be used ({reason[:200]}); compiling again into an empty {path}",
                 stacklevel=3,
