@@ -136,6 +136,7 @@ class Workload:
         self.attention = "auto"  # TinyDiT's attention kernel (tinydit.models.attention); diffusers' models ignore it
         self.linear = "auto"  # TinyDiT's token linears (tinydit.models.linear); diffusers' nn.Linear ignores it
         self.ema = copy.deepcopy(model).requires_grad_(False)
+        self.compiled = False  # whether ``forward`` is compiled (tinydit_workload sets it)
         self.opt = adamw(model.parameters(), device, lr=1e-4)  # the trainer's optimizer, for every model raced
         g = torch.Generator().manual_seed(0)
         shape = (batch, cfg.in_channels, cfg.img_size, cfg.img_size)
@@ -258,7 +259,9 @@ def tinydit_workload(
 ) -> Workload:
     torch.manual_seed(0)
     model = DiT(cfg).to(device)
-    w = Workload("TinyDiT", model, maybe_compile(model, compiled), cfg, batch, device, precision)
+    w = Workload("TinyDiT", model, model, cfg, batch, device, precision)  # its EMA copied from the plain model
+    # compiled after the copy: on a CPU the blocks compile in place, and a copy would share their compiled code
+    w.forward, w.compiled = maybe_compile(model, compiled), compiled
     w.attention, w.linear = attention, linear
     return w
 
@@ -319,7 +322,7 @@ def sample_rate(w: Workload, n: int, steps: int) -> float:
     cfg = w.cfg
     noise = torch.randn(n, cfg.in_channels, cfg.img_size, cfg.img_size, device=w.device)
     y = torch.arange(n, device=w.device) % cfg.n_classes
-    forward = maybe_compile(w.ema, w.forward is not w.model)
+    forward = maybe_compile(w.ema, w.compiled)
     with w.kernels():
         sample("euler", forward, noise, y, 2, 2.0)  # warm-up
         rates = []

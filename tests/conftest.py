@@ -1,5 +1,6 @@
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,10 @@ from tinydit.train import Trainer
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
     os.environ["OMP_NUM_THREADS"] = "1"
+
+# Compiled kernels of the tests go to a cache of their own (kept between runs of the suite on a machine, as
+# Inductor's own /tmp default is), not to the user's ~/.cache/tinydit/compile (tinydit.compiling).
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(tempfile.gettempdir()) / "tinydit-test-compile"))
 
 FAST = dict(
     preset="dit-0.2m",

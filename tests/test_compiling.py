@@ -8,15 +8,17 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
 from tinydit import compiling
+from tinydit.models.checkpoint import unwrap
 from tinydit.models.dit import DiT
 from tinydit.models.dit_config import DiTConfig
-from tinydit.runtime import resolve_compile
+from tinydit.runtime import maybe_compile, resolve_compile
 
 # A model with a `blocks` list, compiled by tinydit.runtime.maybe_compile in a fresh process; prints its output.
 SCRIPT = textwrap.dedent(
@@ -51,8 +53,14 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _compile_in(cache: os.PathLike, **popen) -> subprocess.Popen:
-    env = {**os.environ, compiling.CACHE_ENV: str(cache)}
+def _kept(xdg: Path) -> Path:
+    return xdg / "tinydit" / "compile" / f"torch-{torch.__version__}"
+
+
+def _compile_in(xdg: Path, **popen) -> subprocess.Popen:
+    """The script in a fresh process whose kept cache is under ``xdg`` (as ~/.cache is a user's)."""
+    env = {k: v for k, v in os.environ.items() if k != compiling.CACHE_ENV}
+    env["XDG_CACHE_HOME"] = str(xdg)
     return subprocess.Popen(
         [sys.executable, "-c", SCRIPT], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen
     )
@@ -74,50 +82,81 @@ def test_regions_are_the_repeated_blocks_compiled_in_place_with_the_weights_unto
     model = _dit()
     keys = list(model.state_dict())
     assert compiling.repeated_blocks(model) == list(model.blocks)
-    mmdit = MMDiT(
-        MMDiTConfig(
-            img_size=16,
-            in_channels=3,
-            patch_size=4,
-            dim=32,
-            depth=2,
-            single_blocks=1,
-            n_heads=2,
-            vocab_size=8,
-            text_len=4,
-        )
-    )
+    small = dict(img_size=16, in_channels=3, patch_size=4, dim=32, n_heads=2, vocab_size=8, text_len=4)
+    mmdit = MMDiT(MMDiTConfig(depth=2, single_blocks=1, **small))
     assert compiling.repeated_blocks(mmdit) == [*mmdit.blocks, *mmdit.single_blocks]
-    undo = compiling.compile_regions(model)
+    assert maybe_compile(model, True) is model  # the blocks compiled in place: the model is the forward
     assert all(b._compiled_call_impl is not None for b in model.blocks)
-    assert list(model.state_dict()) == keys  # checkpoints hold the same names
-    undo()
-    assert all(b._compiled_call_impl is None for b in model.blocks)
+    assert list(model.state_dict()) == keys and unwrap(model) is model  # checkpoints hold the same names
     with pytest.raises(ValueError, match="no `\\*blocks` list"):
         compiling.compile_regions(nn.Linear(2, 2))
 
 
-def test_a_failing_compilation_is_tried_once_more_then_runs_eagerly(tmp_path, monkeypatch):
-    """A cache on a full disk (or corrupt) fails inside the first compiled call: one warning, the cache
-    emptied, a second try; a second failure warns again and the model runs eagerly. Other errors pass."""
-    monkeypatch.setenv(compiling.CACHE_ENV, str(tmp_path / "cache"))
-    (tmp_path / "cache").mkdir()
-    (tmp_path / "cache" / "entry").write_text("half-written")
-    model, undone = nn.Linear(3, 2), []
+def _failing_compile(failures: list[int]):
+    """A stand-in for torch.compile whose compiled function fails like a full disk the first failures[0] times."""
+
+    def fake(fn, **kwargs):
+        def compiled(*args, **kw):
+            if failures[0]:
+                failures[0] -= 1
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return fn(*args, **kw)
+
+        return compiled
+
+    return fake
+
+
+@pytest.mark.parametrize("failures", [1, 2])
+def test_a_block_whose_compilation_fails_is_retried_alone_then_every_block_runs_eagerly(
+    failures, tmp_path, monkeypatch
+):
+    """A cache on a full disk (or corrupt) fails inside a block's first compiled call: one warning, the
+    cache set aside, the block called again (not the model around it, whose DDP wrapper would repeat its
+    collectives); a second failure warns again and returns every block to eager. Other errors pass."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv(compiling.CACHE_ENV, raising=False)
+    kept = compiling.use_cache_dir()
+    (kept / "entry").write_text("half-written")
+    monkeypatch.setattr(torch, "compile", _failing_compile([failures]))
+    torch.manual_seed(0)
+    model = _dit()
+    x, t, y = torch.randn(2, 3, 16, 16), torch.rand(2), torch.tensor([0, 1])
+    with torch.no_grad():
+        eager = model(x, t, y)
+        compiling.compile_regions(model)
+        with pytest.warns(UserWarning) as caught:
+            out = model(x, t, y)
+    messages = [str(w.message) for w in caught]
+    assert "could not be used" in messages[0] and "No space left" in messages[0]
+    assert not (kept / "entry").exists()  # the kept cache was set aside
+    assert torch.equal(out, eager)
+    if failures == 1:
+        assert len(messages) == 1 and all(b._compiled_call_impl is not None for b in model.blocks)
+    else:
+        assert len(messages) == 2 and "without compiling" in messages[1]
+        assert all(b._compiled_call_impl is None for b in model.blocks)
+
+
+def test_a_directory_the_user_named_is_never_emptied_and_other_errors_pass(tmp_path, monkeypatch):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "entry").write_text("theirs")
+    monkeypatch.setenv(compiling.CACHE_ENV, str(mine))
+    model = nn.Linear(3, 2)
 
     def full_disk(x):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    guarded = compiling.GuardedCompile(model, full_disk, lambda: undone.append(True))
+    guarded = compiling.GuardedCompile(model, full_disk)
     x = torch.randn(5, 3)
     with pytest.warns(UserWarning) as caught:
         out = guarded(x)
-    messages = [str(w.message) for w in caught]
-    assert len(messages) == 2 and "could not be used" in messages[0] and "without compiling" in messages[1]
-    assert "No space left" in messages[0]
-    assert torch.equal(out, model(x)) and undone == [True] and guarded.eager
-    assert not (tmp_path / "cache" / "entry").exists()  # the bad cache was emptied
-    assert compiling.GuardedCompile(model, model)._orig_mod is model  # models.checkpoint.unwrap finds it
+    assert ["could not be used" in str(w.message) for w in caught] == [True, False]  # then: without compiling
+    assert torch.equal(out, model(x)) and guarded.guard.eager
+    assert (mine / "entry").read_text() == "theirs"  # left as it was: this process moved to a fresh one
+    assert os.environ[compiling.CACHE_ENV] != str(mine)
+    assert unwrap(guarded) is model  # checkpoints are saved from the plain module
 
     def bug(x):
         raise ValueError("a shape error in the model")
@@ -160,9 +199,12 @@ def test_runs_share_a_cache_at_once_one_killed_mid_compile_costs_nothing_and_a_c
     """Two runs compile into one empty cache at once and one is killed mid-way: the other finishes. Then
     every entry is corrupted (a stale or torn cache at its worst): the next run warns once, rebuilds it and
     computes what the eager model computes, and the run after it loads the rebuilt cache without a word."""
-    cache = tmp_path / "cache"
-    killed, survivor = _compile_in(cache, start_new_session=True), _compile_in(cache)
-    time.sleep(4)  # past the imports, inside the compilation
+    xdg, cache = tmp_path / "xdg", _kept(tmp_path / "xdg")
+    killed, survivor = _compile_in(xdg, start_new_session=True), _compile_in(xdg)
+    deadline = time.monotonic() + 120
+    while not any(p.is_file() for p in cache.rglob("*")):  # the first entry written: inside the compilation
+        assert killed.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
     os.killpg(killed.pid, signal.SIGKILL)
     killed.communicate()
     assert killed.returncode == -signal.SIGKILL
@@ -172,8 +214,8 @@ def test_runs_share_a_cache_at_once_one_killed_mid_compile_costs_nothing_and_a_c
     assert files
     for p in files:
         p.write_text("garbage")
-    second = _finish(_compile_in(cache))
+    second = _finish(_compile_in(xdg))
     assert second.count("warning:") == 1 and "could not be used" in second, second
     assert second.strip().endswith("equal: True")
-    third = _finish(_compile_in(cache))
+    third = _finish(_compile_in(xdg))
     assert "warning" not in third and third.strip().endswith("equal: True")

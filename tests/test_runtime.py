@@ -8,7 +8,7 @@ from tinydit.errors import TinyDiTError
 from tinydit.flow.samplers import sample
 from tinydit.models.checkpoint import load_checkpoint, load_model, unwrap
 from tinydit.models.dit import DiTConfig
-from tinydit.runtime import autocast, resolve_compile, resolve_precision
+from tinydit.runtime import autocast, maybe_compile, resolve_compile, resolve_precision
 from tinydit.train import Trainer
 
 CPU = torch.device("cpu")
@@ -71,14 +71,18 @@ def test_bf16_autocast_trains_with_fp32_master_weights_and_ema(tmp_path):
 def test_compiled_training_saves_plain_weights_that_load_into_either_module(tmp_path):
     torch._dynamo.reset()
     trainer = Trainer(fast_config(tmp_path, steps=2, batch_size=4, sample_steps=1, compile="on"), progress=False)
-    assert trainer.run.forward is not trainer.run.model  # the trainer really runs a compiled wrapper
+    # the trainer really runs compiled blocks (regional compilation, in place); a CPU run samples eagerly
+    assert all(block._compiled_call_impl is not None for block in trainer.run.model.blocks)
+    assert trainer.run.ema_forward is trainer.run.ema
     trainer.fit()
     state = load_checkpoint(tmp_path / "checkpoint.pt")
-    assert not any(k.startswith("_orig_mod") for k in state["model"])  # saved from the uncompiled module
+    assert list(state["model"]) == list(unwrap(trainer.run.model).state_dict())
+    assert not any(k.startswith("_orig_mod") for k in state["model"])  # saved as the plain module's names
 
     model, _ = load_model(tmp_path / "checkpoint.pt")  # the EMA, into a plain module
-    compiled = trainer.run.ema_forward  # already compiled for the sample grid: 8 images of each of 4 classes
-    unwrap(compiled).load_state_dict(state["ema"])  # the same plain state dict goes into the compiled one
+    other, _ = load_model(tmp_path / "checkpoint.pt")
+    compiled = maybe_compile(other, True)  # the same plain state dict, in a model compiled by region
+    assert compiled is other and all(block._compiled_call_impl is not None for block in other.blocks)
     noise, y = torch.randn(32, 3, 32, 32), torch.arange(32) % 4
     eager = sample("euler", model, noise, y, steps=1, cfg_scale=2.0).x
     compiled_x = sample("euler", compiled, noise, y, steps=1, cfg_scale=2.0).x

@@ -13,14 +13,17 @@ compiled, where the compiled kernels are kept between runs, and what a bad cache
   instruction set, so an entry written by another torch or another CPU kind is never loaded, only missed;
   two runs compiling at once write each entry atomically.
 - **A cache that cannot be used** (a corrupt entry, a directory that is read-only or on a full disk) makes
-  the first compiled call raise. ``GuardedCompile`` then warns once, clears that cache (or moves to a fresh
-  temporary one where it cannot be written) and compiles again; should that fail too, it warns and the run
-  goes on eagerly. A bad cache costs speed, never the run.
+  the first compiled call raise (the backward is compiled in the same call, not at the first backward).
+  ``CompileGuard`` then warns once, sets the kept cache aside (a directory the user named is never
+  emptied: this process moves to a fresh temporary one) and compiles again; should that fail too, it warns
+  and the run goes on eagerly. A bad cache costs speed, never the run.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import os
 import shutil
 import tempfile
@@ -33,6 +36,7 @@ from torch import nn
 
 __all__ = [
     "CACHE_ENV",
+    "CompileGuard",
     "GuardedCompile",
     "cache_dir",
     "compile_regions",
@@ -70,8 +74,10 @@ def _writable(path: Path) -> bool:
 
 
 def _fresh_dir() -> Path:
-    """An empty temporary cache, in place of one that cannot be written; Inductor is pointed at it."""
+    """An empty temporary cache, in place of one that cannot be used, removed when the process ends;
+    Inductor is pointed at it."""
     path = Path(tempfile.mkdtemp(prefix="tinydit-compile-"))
+    atexit.register(shutil.rmtree, path, True)
     os.environ[CACHE_ENV] = str(path)
     return path
 
@@ -104,20 +110,22 @@ def repeated_blocks(model: nn.Module) -> list[nn.Module]:
     ]
 
 
-def compile_regions(model: nn.Module) -> Callable[[], None]:
-    """Compile each repeated block of ``model`` in place (``nn.Module.compile``: the weights and the
-    state dict are untouched); returns what undoes it."""
+def compile_regions(model: nn.Module) -> None:
+    """Compile each repeated block of ``model`` in place (``nn.Module.compile``: the weights and the state
+    dict are untouched), each call guarded by one ``CompileGuard``: a failure retries the block alone (not
+    a DDP wrapper's collectives around it), and giving up returns every block to eager."""
     blocks = repeated_blocks(model)
     if not blocks:
         raise ValueError(f"{type(model).__name__} has no `*blocks` list to compile by region")
-    for block in blocks:
-        block.compile()
 
     def undo() -> None:
         for block in blocks:
             block._compiled_call_impl = None  # what nn.Module.compile set: the block calls itself eagerly again
 
-    return undo
+    guard = CompileGuard(undo)
+    for block in blocks:
+        block.compile()
+        block._compiled_call_impl = functools.partial(guard.call, block._compiled_call_impl, block._call_impl)
 
 
 def eagerly() -> contextlib.AbstractContextManager:
@@ -134,24 +142,27 @@ def _compile_failure(error: Exception) -> bool:
     return isinstance(error, (torch._dynamo.exc.BackendCompilerFailed, OSError))
 
 
-class GuardedCompile:
-    """``model`` called through its compiled form ``compiled``, recovering from a compile cache that
-    cannot be used: the first failure clears the cache and compiles again, a second one runs eagerly
-    (``undo`` takes back a compilation made in place). Other errors pass through unchanged."""
+class CompileGuard:
+    """Recovery from a compile cache that cannot be used, shared by the compiled parts of one model: the
+    first failure warns, sets the bad cache aside and compiles again; a second one warns, calls ``undo``
+    and runs eagerly from then on. Errors that are not Inductor's or the disk's pass through unchanged.
 
-    def __init__(self, model: nn.Module, compiled: Callable, undo: Callable[[], None] | None = None):
-        self.model, self.compiled, self._undo = model, compiled, undo
-        self._orig_mod = model  # the attribute torch.compile's wrapper has: ``unwrap`` finds the plain module
+    Only the kept cache (``~/.cache/tinydit/compile/...``) is ever removed; a directory the user named is
+    left as it is, and this process compiles into a fresh temporary one instead."""
+
+    def __init__(self, undo: Callable[[], None] | None = None):
+        self._undo = undo
         self.failures, self.eager = 0, False
 
-    def __call__(self, *args, **kwargs):
-        while True:
+    def call(self, compiled: Callable, eager: Callable, *args, **kwargs):
+        while not self.eager:
             try:
-                return self.compiled(*args, **kwargs)
+                return compiled(*args, **kwargs)
             except Exception as e:
-                if self.eager or not _compile_failure(e):  # a bug in the model is not the cache's fault
+                if not _compile_failure(e):  # a bug in the model is not the cache's fault
                     raise
                 self._recover(e)
+        return eager(*args, **kwargs)
 
     def _recover(self, error: BaseException) -> None:
         self.failures += 1
@@ -159,19 +170,37 @@ class GuardedCompile:
         torch._dynamo.reset()  # forget what the failed compilation left in this process
         if self.failures == 1:
             path = cache_dir()
-            shutil.rmtree(path, ignore_errors=True)
-            if not _writable(path):
+            if path == _default_cache_dir():  # ours: set aside whole (other runs may be reading it), then removed
+                aside = path.with_name(f"{path.name}.bad-{os.getpid()}")
+                with contextlib.suppress(OSError):
+                    os.replace(path, aside)
+                shutil.rmtree(aside, ignore_errors=True)
+            if path != _default_cache_dir() or not _writable(path):
                 path = _fresh_dir()
             warnings.warn(
                 f"the compile cache could not be used ({reason[:200]}); compiling again into an empty {path}",
-                stacklevel=3,
+                stacklevel=2,  # CompileGuard.call, in TinyDiT: its own caller is torch's Module.__call__
             )
             return
-        warnings.warn(f"compiling failed again ({reason[:200]}); the run goes on without compiling", stacklevel=3)
+        warnings.warn(f"compiling failed again ({reason[:200]}); the run goes on without compiling", stacklevel=2)
         if self._undo is not None:
             self._undo()
-        self.compiled, self.eager = self.model, True
+        self.eager = True
+
+
+class GuardedCompile:
+    """``model`` called through its whole compiled form ``compiled`` (``torch.compile(model)``), guarded by a
+    ``CompileGuard``: eager ``model`` once the guard gives up."""
+
+    def __init__(self, model: nn.Module, compiled: Callable):
+        self.model, self.compiled, self.guard = model, compiled, CompileGuard()
+        self._orig_mod = model  # the attribute torch.compile's wrapper has: ``unwrap`` finds the plain module
+
+    def __call__(self, *args, **kwargs):
+        return self.guard.call(self.compiled, self.model, *args, **kwargs)
 
     def __getattr__(self, name: str):
         # The wrapper stands in for the model where a forward is called (``model.config``, ``.training``).
+        if "model" not in self.__dict__:
+            raise AttributeError(name)
         return getattr(self.__dict__["model"], name)

@@ -224,6 +224,11 @@ def maybe_compile(model: nn.Module, enabled: bool) -> Callable[..., torch.Tensor
     if not enabled:
         return model
     compiling.use_cache_dir()
+    # The backward is compiled with the forward, not at the first backward pass, so that a compile cache
+    # that fails does so inside the guarded call (tinydit.compiling.CompileGuard).
+    import torch._functorch.config  # (torch imports it lazily)
+
+    torch._functorch.config.force_non_lazy_backward_lowering = True
     if any(p.device.type == "cpu" for p in model.parameters()):
         for switch in _SWITCHES:  # probes run here, eagerly, so compiled code only reads their answers
             if switch.warm_up is not None:
@@ -231,5 +236,6 @@ def maybe_compile(model: nn.Module, enabled: bool) -> Callable[..., torch.Tensor
         # Inductor's C++ toolchain lookup warns "No CUDA runtime is found" on every CPU-only machine.
         logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
         if compiling.repeated_blocks(model):
-            return compiling.GuardedCompile(model, model, compiling.compile_regions(model))
+            compiling.compile_regions(model)  # in place: the model itself is the compiled forward
+            return model
     return compiling.GuardedCompile(model, torch.compile(model))
