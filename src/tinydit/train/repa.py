@@ -140,7 +140,8 @@ class Alignment(nn.Module):
 
 class TargetCache:
     """The alignment targets (T, F) of ``n`` training images, each way round, kept in bfloat16 (a direction,
-    which bf16 keeps) once computed. Memory is taken as targets arrive, up to 4 n T F bytes."""
+    which bf16 keeps) once computed: up to 4 n T F bytes, on a CPU taken as targets arrive (untouched pages
+    stay free), on CUDA at the first batch; each rank of a DDP run keeps its own."""
 
     def __init__(self, n: int, tokens: int, features: int):
         self.n, self.shape = n, (tokens, features)
