@@ -101,7 +101,8 @@ def use_cache_dir() -> Path:
 def repeated_blocks(model: nn.Module) -> list[nn.Module]:
     """The modules of ``model``'s ``*blocks`` lists (a DiT's ``blocks``, an MMDiT's ``blocks`` and
     ``single_blocks``), in order; a DDP wrapper is looked through."""
-    model = getattr(model, "module", model) if isinstance(model, nn.parallel.DistributedDataParallel) else model
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        model = model.module
     return [
         block
         for name, child in model.named_children()

@@ -19,13 +19,18 @@ from tinydit.images import from_uint8, to_uint8
 __all__ = ["CachedDataset", "random_flip"]
 
 
+def coin_flips(n: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """(n,) bool on the CPU, each True with probability 1/2: the one draw behind every random flip."""
+    return torch.rand(n, generator=generator) < 0.5
+
+
 def random_flip(
     x: torch.Tensor, generator: torch.Generator | None = None, flip: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Mirror each image of (N, C, H, W) left-right with probability 1/2 (flip draws from ``generator``), or
     where ``flip`` (N,) bool says."""
     if flip is None:
-        flip = torch.rand(x.shape[0], generator=generator) < 0.5  # (N,) on the CPU
+        flip = coin_flips(x.shape[0], generator)
     return torch.where(flip.to(x.device).view(-1, 1, 1, 1), x.flip(-1), x)  # (N, C, H, W)
 
 
@@ -79,7 +84,7 @@ class CachedDataset(Dataset):
         set does not flip)."""
         if not self.flip:
             return torch.zeros(n, dtype=torch.bool)
-        return torch.rand(n, generator=generator) < 0.5
+        return coin_flips(n, generator)
 
     def batch(
         self,
