@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import datetime
 import os
 import sys
@@ -168,6 +169,10 @@ def check_split(batch_size: int, size: int) -> None:
 
 def _leave() -> None:
     if dist.is_initialized():
+        # A DDP reducer left in a reference cycle holds the process group; collected here, while the
+        # interpreter is whole, the group's C++ threads are joined by destroy_process_group, not left to
+        # the process's exit, where a thread still running aborts the process after a finished run.
+        gc.collect()
         with contextlib.suppress(Exception):  # the others may be gone already
             dist.destroy_process_group()
 
