@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 PRECISION_CHOICES = ("auto", *PRECISIONS)  # auto: the fastest measured on the device (tinydit.runtime)
-FEW_STEP = ("none", "shortcut", "distill")  # see TrainConfig.few_step
+FEW_STEP = ("none", "shortcut", "meanflow", "distill")  # see TrainConfig.few_step
 EVAL_BUDGETS = ("outside", "inside")  # see TrainConfig.eval_budget
 MAX_COOLDOWN_FRAC = 0.8
 
@@ -68,6 +68,7 @@ TRAJECTORY_FIELDS = (
     "pos",
     "pred",
     "few_step",
+    "meanflow_cfg",
     "model",
     "cond",
     "holdout",
@@ -136,9 +137,13 @@ class TrainConfig:
     # all-attribute accuracy on shapes) and for class runs on RGB data, whose presets predict x (then also
     # shifted towards noise, see `t_shift`); uniform on Fashion-MNIST.
     t_sampling: str | None = None
-    # none | shortcut: also train the model to take large steps (tinydit.flow.shortcut) | distill: train a
+    # none | shortcut: also train the model to take large steps (tinydit.flow.shortcut) | meanflow: learn the
+    # average velocity over intervals, to sample in one step (tinydit.flow.meanflow) | distill: train a
     # few-step student on the paths of a trained model, ``teacher`` (tinydit.flow.distill)
     few_step: str = "none"
+    # meanflow: the guidance scale folded into the training target, so that one evaluation samples guided
+    # (1: unguided). None: tinydit.train.resolve's MEANFLOW_CFG
+    meanflow_cfg: float | None = None
     teacher: str | None = None  # distill: the teacher's checkpoint.pt
     teacher_sampler: str = "heun"  # distill: how the teacher samples its paths (euler | heun | midpoint) ...
     teacher_steps: int = 8  # ... in this many uniform steps (a multiple of tinydit.flow.distill.KNOTS) ...
@@ -198,6 +203,11 @@ class TrainConfig:
         if not 0 <= self.class_dropout < 1:
             raise TinyDiTError(f"class_dropout must be in [0, 1), got {self.class_dropout}")
         self._check_distill()
+        if self.meanflow_cfg is not None and (self.few_step != "meanflow" or self.meanflow_cfg < 1):
+            raise TinyDiTError(
+                f"`meanflow_cfg` is the guidance folded into a `few_step` meanflow run's target, >= 1 "
+                f"(1: none); got {self.meanflow_cfg} with `few_step` {self.few_step}"
+            )
         if self.t_shift is not None and self.t_shift <= 0:
             raise TinyDiTError(f"`t_shift` must be > 0, got {self.t_shift}")
         for name, allowed in CHOICES.items():

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import gc
 import datetime
+import gc
 import os
 import sys
 from collections.abc import Iterator

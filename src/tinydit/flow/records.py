@@ -118,6 +118,13 @@ def recommended_sampling(data: str, preset: str, cond: str, few_step: str = "non
             "cfg_scale": 1.0,
             "source": "a distilled student takes 1, 2, 4 or 8 Euler steps at guidance 1",
         }
+    elif few_step == "meanflow":  # the average velocity over [0, 1]: one step, guidance folded into training
+        found = {
+            "sampler": "euler",
+            "steps": 1,
+            "cfg_scale": 1.0,
+            "source": "a mean-flow model samples in one Euler step of its average velocity, guided in training",
+        }
     else:
         found = read_sampling_records().get((data, preset, cond))
     if found is None:

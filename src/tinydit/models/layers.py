@@ -84,9 +84,10 @@ class TimestepEmbedder(nn.Module):
     def forward(self, t: torch.Tensor) -> torch.Tensor:
         """t (N,) -> (N, D)"""
         half = self.freq_dim // 2
-        freqs = torch.exp(-math.log(10000) * torch.arange(half, device=t.device, dtype=torch.float32) / half)
+        dtype = torch.promote_types(t.dtype, torch.float32)  # at least fp32 (float64 models stay float64)
+        freqs = torch.exp(-math.log(10000) * torch.arange(half, device=t.device, dtype=dtype) / half)
         # Scaling by 1000 spreads t in [0, 1] over the frequency range these features were designed for.
-        args = 1000 * t.float().unsqueeze(1) * freqs  # (N, freq_dim / 2)
+        args = 1000 * t.to(dtype).unsqueeze(1) * freqs  # (N, freq_dim / 2)
         return self.mlp(torch.cat([args.cos(), args.sin()], dim=1))  # (N, D)
 
 

@@ -94,7 +94,12 @@ def model_config_for(cfg: TrainConfig, fields: dict, state: dict | None, teacher
     if teacher is not None:
         return dataclasses.replace(config_from_dict(cfg.model, teacher["model_config"]), shortcut=True)
     config = preset_config(
-        cfg.model, cfg.preset, **fields, **cfg.arch_overrides(), shortcut=cfg.few_step == "shortcut", cond=cfg.cond
+        cfg.model,
+        cfg.preset,
+        **fields,
+        **cfg.arch_overrides(),
+        shortcut=cfg.few_step in ("shortcut", "meanflow"),
+        cond=cfg.cond,
     )
     if state is not None:
         stored = config_from_dict(cfg.model, state["model_config"])

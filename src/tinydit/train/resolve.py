@@ -60,6 +60,9 @@ DEFAULT_REPA = {"shapes": 0.5}
 # captions name the kind of shape the same encoder's features lay out. The pooled-text DiT was not measured
 # with it.
 ALIGNED_BY_DEFAULT = {("dit", "class"), ("mmdit", "text")}
+# The guidance a mean-flow run folds into its target when `meanflow_cfg` is not given (docs/few_step.md
+# measures it): a one-step sampler cannot guide afterwards, so the guided field is what it learns.
+MEANFLOW_CFG = 2.0
 
 # The values each TrainConfig field with a closed set takes, from its owner, for the CLI's --help (the
 # architecture switches are checked where the model's config is built, tinydit.models.dit_config).
@@ -121,6 +124,7 @@ def resolve(cfg: TrainConfig, data_name: str | None = None) -> TrainConfig:
         batch_size=cfg.batch_size or DEFAULT_BATCH_SIZES.get(data, 128),
         lr=cfg.lr or DEFAULT_LRS.get(data, 1e-3),
         repa=repa,
+        meanflow_cfg=(cfg.meanflow_cfg or MEANFLOW_CFG) if cfg.few_step == "meanflow" else None,
     )
 
 

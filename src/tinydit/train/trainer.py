@@ -22,6 +22,7 @@ from tinydit.errors import TinyDiTError
 from tinydit.eval.run_report import write_run_report
 from tinydit.files import RunDirLock, ensure_writable_dir
 from tinydit.flow.guidance import null_condition
+from tinydit.flow.meanflow import check_jvp, draw_interval, meanflow_loss
 from tinydit.flow.path import flow_loss, sample_t
 from tinydit.flow.records import recommended_sampling
 from tinydit.flow.shortcut import n_self_consistency, shortcut_loss
@@ -116,6 +117,8 @@ class Trainer:
         student_of = teacher_state["ema"] if teacher_state is not None and state is None else None
         setup = (cfg.model, self.model_config, cfg, self.device, self.precision, self.world, self.compiled)
         self.run = Run(*setup, student_of, unfused, repa_encoder(cfg.repa, self.data.name))
+        if cfg.few_step == "meanflow":  # a model that cannot carry a tangent is refused before training
+            check_jvp(unwrap(self.run.model), self.device, lambda: autocast(self.device, self.precision))
         if self.run.alignment is not None:  # the encoder runs once per training image, not once per step
             self.run.alignment.keep_targets(len(self.data.train_set))
         if state is not None:  # also keeps its token-linear kernel where the device and precision are the same
@@ -172,20 +175,33 @@ class Trainer:
         t = sample_t(n, generator=g, device=dev, kind=cfg.t_sampling, shift=cfg.t_shift)  # (N,)
         noise = torch.randn(x.shape, generator=g).to(dev)  # (N, C, H, W)
         drop = (torch.rand(n, generator=g) < cfg.class_dropout).to(dev)  # (N,) guidance dropout
-        y = torch.where(drop.view(-1, *[1] * (y.dim() - 1)), null_condition(unwrap(run.model), y), y)
-        x, y, t, noise = x[mine], y[mine], t[mine], noise[mine]  # this rank's share: (n, ...), n = N / ranks
-        n_fm = x.shape[0]  # images trained by plain flow matching at their time t
+        null = null_condition(unwrap(run.model), y)
+        y = torch.where(drop.view(-1, *[1] * (y.dim() - 1)), null, y)
+        r = t
+        if cfg.few_step == "meanflow":  # the interval [r, t]: drawn for the global batch, so ranks agree
+            s = sample_t(n, generator=g, device=dev, kind=cfg.t_sampling, shift=cfg.t_shift)  # (N,)
+            r, t = draw_interval(t, s, g)
+        x, y, t, r, noise = x[mine], y[mine], t[mine], r[mine], noise[mine]  # this rank's share: n = N / ranks
+        drop, null = drop[mine], null[mine]
+        fm = torch.ones_like(t, dtype=torch.bool)  # (n,) the images trained by plain flow matching at t
         with autocast(dev, self.precision):
             if cfg.few_step == "shortcut":
                 per_sample = shortcut_loss(run.forward, x, y, t, noise, generator=g_loss, reduce=False)  # (n,)
-                n_fm -= n_self_consistency(n_fm)  # the rest are self-consistency examples
+                fm[len(fm) - n_self_consistency(len(fm)) :] = False  # the rest are self-consistency examples
+                flow = per_sample.mean()
+            elif cfg.few_step == "meanflow":
+                weighted, per_sample = meanflow_loss(
+                    run.forward, unwrap(run.model), x, y, r, t, noise, cfg.meanflow_cfg, ~drop, null
+                )  # (n,) each
+                fm = r == t
+                flow = weighted.mean()  # what is minimised; per_sample (the squared errors) is what is reported
             else:
                 per_sample = flow_loss(run.forward, x, y, t, noise, reduce=False)  # (n,)
-            flow = per_sample.mean()
+                flow = per_sample.mean()
             align = run.alignment.loss(x, (idx[mine], flips[mine])) if run.alignment else None  # REPA: tokens vs x
-        self.events.window.add_times(t[:n_fm], per_sample[:n_fm], align)
+        self.events.window.add_times(t[fm], per_sample[fm], align)
         run.update(flow if align is None else flow + cfg.repa * align, self.budget.lr_at(run.step))
-        return flow.detach()  # the flow-matching loss: comparable with runs that do not align
+        return per_sample[fm].mean().detach()  # plain flow matching's squared error: comparable across runs
 
     def validation_losses(self, model) -> tuple[float, list[float]]:
         """The loss on the fixed held-out images (a student: its teacher's validation paths) with fixed noise

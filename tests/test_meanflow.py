@@ -1,0 +1,156 @@
+"""Mean flows: the Jacobian-vector product, the target and loss, one-step sampling, and a whole run through the
+CLI (resume, refusals)."""
+
+import json
+
+import pytest
+import torch
+from conftest import fast_config
+
+from tinydit.cli import main
+from tinydit.flow.meanflow import check_jvp, draw_interval, jvp_du_dt, meanflow_loss, meanflow_target
+from tinydit.flow.path import flow_loss
+from tinydit.flow.samplers import sample
+from tinydit.models.checkpoint import load_checkpoint, load_model
+from tinydit.models.dit import DiT, DiTConfig
+from tinydit.train import Trainer
+
+CFG = DiTConfig(dim=32, depth=2, n_heads=2, shortcut=True)
+
+
+def _moved(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Off adaLN-Zero's zero init, where every derivative would be zero."""
+    g = torch.Generator().manual_seed(seed)
+    for p in model.parameters():
+        p.data.add_(0.05 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return model
+
+
+@pytest.mark.parametrize("pred", ["v", "x"])
+def test_the_jvp_is_the_derivative_along_the_flow(pred):
+    """du/dt along (dz, dr, dt) = (v, 0, 1) against a central difference of the same network, in float64."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        torch.manual_seed(0)
+        model = _moved(DiT(DiTConfig(dim=32, depth=2, n_heads=2, shortcut=True, pred=pred)))
+        z, v = torch.randn(3, 3, 32, 32), torch.randn(3, 3, 32, 32)
+        t = torch.tensor([0.9, 0.6, 0.3])
+        r = torch.tensor([0.1, 0.5, 0.0])
+        y = torch.tensor([0, 3, 7])
+        u, du_dt = jvp_du_dt(model, z, r, t, y, v)
+        with torch.no_grad():
+            torch.testing.assert_close(u, model(z, t, y, t - r))  # the primal is the model's own output
+            eps = 1e-7  # the time embedding turns fast (1000 t): a wider step would not be the derivative
+            ahead = model(z + eps * v, t + eps, y, t + eps - r)
+            behind = model(z - eps * v, t - eps, y, t - eps - r)
+        finite = (ahead - behind) / (2 * eps)
+        assert du_dt.abs().max() > 1e-2  # a real derivative, not a zero that would also match
+        torch.testing.assert_close(du_dt, finite, rtol=1e-4, atol=1e-6)
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def test_where_every_r_is_t_the_loss_is_flow_matching():
+    torch.manual_seed(0)
+    model = _moved(DiT(CFG))
+    x0, noise = torch.randn(6, 3, 32, 32), torch.randn(6, 3, 32, 32)
+    t, y = torch.rand(6), torch.randint(0, 10, (6,))
+    weighted, error = meanflow_loss(model, model, x0, y, t, t, noise)
+    torch.testing.assert_close(error, flow_loss(model, x0, y, t, noise, reduce=False))
+    torch.testing.assert_close(weighted, error / (error + 1e-3))  # the adaptive weight, detached
+    weighted.sum().backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_the_target_subtracts_the_interval_times_the_derivative_and_folds_guidance():
+    torch.manual_seed(0)
+    model = _moved(DiT(CFG))
+    z, v = torch.randn(4, 3, 32, 32), torch.randn(4, 3, 32, 32)
+    t = torch.tensor([0.8, 0.8, 0.5, 0.5])
+    r = torch.tensor([0.8, 0.2, 0.5, 0.1])  # rows 0 and 2: r = t
+    y = torch.tensor([1, 2, 3, 10])  # row 3: the null label (dropped)
+    target = meanflow_target(model, z, r, t, y, v)
+    assert torch.equal(target[[0, 2]], v[[0, 2]])
+    _, du_dt = jvp_du_dt(model, z[[1, 3]], r[[1, 3]], t[[1, 3]], y[[1, 3]], v[[1, 3]])
+    torch.testing.assert_close(target[[1, 3]], v[[1, 3]] - (t - r)[[1, 3]].view(-1, 1, 1, 1) * du_dt)
+    guided = torch.tensor([True, True, True, False])
+    null = torch.full_like(y, 10)
+    folded = meanflow_target(model, z, r, t, y, v, guidance=3.0, guided=guided, null=null)
+    with torch.no_grad():
+        v_null = model(z, t, null, torch.zeros(4))
+    torch.testing.assert_close(folded[[0, 2]], (3 * v + (1 - 3) * v_null)[[0, 2]])
+    assert not torch.allclose(folded[1], target[1])
+    torch.testing.assert_close(folded[3], target[3])  # a dropped label learns the unguided field
+
+
+def test_intervals_take_the_two_times_in_order_for_a_share_of_the_batch():
+    g = torch.Generator().manual_seed(0)
+    t, s = torch.rand(4000, generator=g), torch.rand(4000, generator=g)
+    r, t2 = draw_interval(t, s, torch.Generator().manual_seed(1), share=0.25)
+    interval = r < t2
+    assert 0.22 < interval.float().mean() < 0.28
+    assert torch.equal(t2[interval], torch.maximum(t, s)[interval])
+    assert torch.equal(r[interval], torch.minimum(t, s)[interval])
+    assert torch.equal(r[~interval], t[~interval]) and torch.equal(t2[~interval], t[~interval])
+
+
+def test_one_step_sampling_is_one_evaluation_and_deterministic():
+    model = _moved(DiT(CFG)).eval()
+    noise, y = torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 3])
+    for steps in (1, 2, 4):
+        a = sample("euler", model, noise, y, steps=steps, cfg_scale=1.0)
+        b = sample("euler", model, noise, y, steps=steps, cfg_scale=1.0)
+        assert a.nfe == steps and a.x.shape == (4, 3, 32, 32) and torch.equal(a.x, b.x)
+    with torch.no_grad():  # one step from noise: z_0 = z_1 - u(z_1, 0, 1)
+        one = noise - model(noise, torch.ones(4), y, torch.ones(4))
+    torch.testing.assert_close(sample("euler", model, noise, y, steps=1, cfg_scale=1.0).x, one)
+
+
+def test_a_model_without_the_interval_is_refused():
+    with pytest.raises(Exception, match="shortcut"):
+        check_jvp(DiT(DiTConfig(dim=32, depth=1, n_heads=2)), torch.device("cpu"))
+
+
+KW = dict(steps=6, batch_size=8, limit=24, few_step="meanflow")
+
+
+def test_a_meanflow_run_resumes_exactly_and_samples_in_one_step_by_default(tmp_path, capsys):
+    straight = Trainer(fast_config(tmp_path / "a", **KW), progress=False)
+    straight.fit()
+    Trainer(fast_config(tmp_path / "b", **{**KW, "steps": 3}), progress=False).fit()
+    resumed = Trainer(fast_config(tmp_path / "b", **KW), progress=False)
+    resumed.fit()
+    for k, v in straight.run.model.state_dict().items():
+        assert torch.equal(v, resumed.run.model.state_dict()[k]), k
+    state = load_checkpoint(tmp_path / "a" / "checkpoint.pt")
+    assert state["train_config"]["few_step"] == "meanflow" and state["train_config"]["meanflow_cfg"] == 2.0
+    assert {k: state["sampling"][k] for k in ("sampler", "steps", "cfg_scale")} == dict(
+        sampler="euler", steps=1, cfg_scale=1.0
+    )
+    model, _ = load_model(tmp_path / "a" / "checkpoint.pt")
+    assert model.config.shortcut
+    capsys.readouterr()
+    out = tmp_path / "one.png"
+    assert main(["sample", "--checkpoint", str(tmp_path / "a"), "--n", "4", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "1 model evaluations per image" in err and out.exists()
+    metrics = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert all(m["loss"] > 0 for m in metrics if "loss" in m)  # the squared error, not the adaptive ~1
+
+
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (["--few-step", "meanflow", "--repa", "0.5"], "repa"),
+        (["--meanflow-cfg", "2"], "--meanflow-cfg"),
+        (["--few-step", "meanflow", "--meanflow-cfg", "0.5"], "--meanflow-cfg"),
+        (["--few-step", "meanflow", "--teacher", "x.pt"], "teacher"),
+    ],
+)
+def test_combinations_that_make_no_sense_are_one_error_line(tmp_path, capsys, flags, says):
+    out = tmp_path / "run"
+    code = main(["train", "--data", "shapes", "--preset", "dit-0.2m", "--steps", "2", "--out", str(out), *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and says in err
+    assert len([line for line in err.splitlines() if "error:" in line]) == 1 and not out.exists()
