@@ -51,6 +51,7 @@ import torch
 from tinydit.config import TrainConfig
 from tinydit.flow import flow_loss
 from tinydit.flow.distill import KNOTS, distill_loss
+from tinydit.flow.meanflow import draw_interval, meanflow_loss
 from tinydit.flow.samplers import sample, sample_path
 from tinydit.flow.shortcut import shortcut_loss
 from tinydit.models.attention import BACKENDS, attention_backend, resolve_backend
@@ -155,6 +156,17 @@ class Workload:
         with self.kernels():
             if self.objective == "shortcut":
                 loss = shortcut_loss(self.forward, self.x, self.y, self.t, self.noise, torch.Generator().manual_seed(0))
+            elif self.objective == "meanflow":  # the trainer's defaults: a quarter of intervals, guidance folded
+                if not hasattr(self, "r"):
+                    g = torch.Generator().manual_seed(1)
+                    self.r, self.t = draw_interval(self.t, torch.rand(self.batch, generator=g).to(self.device), g)
+                model = self.model
+                null = model.null_condition(self.y)
+                guided = self.y != null
+                weighted, _ = meanflow_loss(
+                    self.forward, model, self.x, self.y, self.r, self.t, self.noise, 2.0, guided, null
+                )
+                loss = weighted.mean()
             elif self.objective == "distill":
                 if not hasattr(self, "paths"):  # teacher paths at the 9 knots, stored in fp16 as the trainer does
                     paths = torch.randn(self.batch, KNOTS + 1, *self.x.shape[1:], generator=torch.Generator())
@@ -429,7 +441,9 @@ def main() -> None:
     mode.add_argument("--switches", action="store_true", help="one row per architecture switch")
     mode.add_argument("--modes", action="store_true", help="fp32/bf16 x eager/compiled for one preset")
     mode.add_argument("--compare", choices=["diffusers"], help="race diffusers' DiT at the same configuration")
-    mode.add_argument("--few-step", action="store_true", help="a flow-matching step against a shortcut step")
+    mode.add_argument(
+        "--few-step", action="store_true", help="a flow-matching step against shortcut, mean-flow and student steps"
+    )
     mode.add_argument("--breakdown", action="store_true", help="where one preset's step time goes, and its MFU ceiling")
     args = parser.parse_args()
     device = resolve_device(args.device)
@@ -500,13 +514,20 @@ def main() -> None:
         cfg = get_preset(presets[0], img_size=size, in_channels=channels)
         plain, shortcut, student = ours(cfg), ours(replace(cfg, shortcut=True)), ours(replace(cfg, shortcut=True))
         student.objective = "distill"
-        t_plain, t_short, t_student = race([plain, shortcut, student], args.steps, args.repeats)
+        mean_flow = ours(replace(cfg, shortcut=True))
+        mean_flow.objective = "meanflow"
+        t_plain, t_short, t_student, t_mean = race([plain, shortcut, student, mean_flow], args.steps, args.repeats)
         print(f"config: {presets[0]} ({args.shape}), batch {args.batch}, {args.precision}")
         print()
         print("| objective | train img/s | step ms | cost vs flow matching |")
         print("|---|---|---|---|")
         print(f"| flow matching | {args.batch / t_plain:.0f} | {1000 * t_plain:.0f} | 1.00x |")
-        for name, t in (("shortcut (1/4 self-consistency)", t_short), ("distillation student", t_student)):
+        rows = (
+            ("shortcut (1/4 self-consistency)", t_short),
+            ("mean flow (1/4 intervals, guidance 2 folded)", t_mean),
+            ("distillation student", t_student),
+        )
+        for name, t in rows:
             print(f"| {name} | {args.batch / t:.0f} | {1000 * t:.0f} | {t / t_plain:.2f}x |")
         print()
         rate, nfe = teacher_path_rate(plain)

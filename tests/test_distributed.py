@@ -140,6 +140,20 @@ def test_two_ranks_train_the_weights_of_one_process(runs):
     assert len(lines) == 6  # log every 2 steps, written once
 
 
+def test_two_ranks_train_a_mean_flow_model_as_one_process(tmp_path):
+    """The intervals and the folded guidance are drawn for the global batch, and the JVP target of a rank's
+    share is its share of the target: two ranks learn what one process learns."""
+    assert FLAGS[-2:] == ["--repa", "0.5"]
+    flags = [*FLAGS[:-1], "0", "--few-step", "meanflow", "--steps", 6]  # the alignment is for `few_step` none
+    _one_process("train", *flags, "--out", tmp_path / "one")
+    _run(_torchrun(2, "train", *flags, "--out", tmp_path / "two"))
+    one, two = _state(tmp_path / "one")["model"], _state(tmp_path / "two")["model"]
+    assert _max_diff(one, two) < ATOL
+    torch.manual_seed(0)
+    init = build_model("dit", config_from_dict("dit", _state(tmp_path / "one")["model_config"])).state_dict()
+    assert _max_diff(init, one) > 100 * ATOL
+
+
 def test_a_stopped_two_rank_run_continues_bit_exactly_also_through_nproc(runs, tmp_path):
     root, _ = runs
     _train(tmp_path / "run", 5, 2)  # stopped at step 5 (torchrun) ...

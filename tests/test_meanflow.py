@@ -115,28 +115,56 @@ def test_a_model_without_the_interval_is_refused():
 KW = dict(steps=6, batch_size=8, limit=24, few_step="meanflow")
 
 
-def test_a_meanflow_run_resumes_exactly_and_samples_in_one_step_by_default(tmp_path, capsys):
-    straight = Trainer(fast_config(tmp_path / "a", **KW), progress=False)
-    straight.fit()
+@pytest.fixture(scope="module")
+def meanflow_run(tmp_path_factory):
+    """A 6-step mean-flow run (the trainer, its directory)."""
+    out = tmp_path_factory.mktemp("meanflow") / "run"
+    trainer = Trainer(fast_config(out, **KW), progress=False)
+    trainer.fit()
+    return trainer, out
+
+
+def test_a_meanflow_run_resumes_exactly_and_samples_in_one_step_by_default(meanflow_run, tmp_path, capsys):
+    straight, run = meanflow_run
     Trainer(fast_config(tmp_path / "b", **{**KW, "steps": 3}), progress=False).fit()
     resumed = Trainer(fast_config(tmp_path / "b", **KW), progress=False)
     resumed.fit()
     for k, v in straight.run.model.state_dict().items():
         assert torch.equal(v, resumed.run.model.state_dict()[k]), k
-    state = load_checkpoint(tmp_path / "a" / "checkpoint.pt")
+    state = load_checkpoint(run / "checkpoint.pt")
     assert state["train_config"]["few_step"] == "meanflow" and state["train_config"]["meanflow_cfg"] == 2.0
     assert {k: state["sampling"][k] for k in ("sampler", "steps", "cfg_scale")} == dict(
         sampler="euler", steps=1, cfg_scale=1.0
     )
-    model, _ = load_model(tmp_path / "a" / "checkpoint.pt")
+    model, _ = load_model(run / "checkpoint.pt")
     assert model.config.shortcut
     capsys.readouterr()
     out = tmp_path / "one.png"
-    assert main(["sample", "--checkpoint", str(tmp_path / "a"), "--n", "4", "--out", str(out)]) == 0
+    assert main(["sample", "--checkpoint", str(run), "--n", "4", "--out", str(out)]) == 0
     err = capsys.readouterr().err
     assert "1 model evaluations per image" in err and out.exists()
-    metrics = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
-    assert all(m["loss"] > 0 for m in metrics if "loss" in m)  # the squared error, not the adaptive ~1
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    losses = [m["loss"] for m in metrics if "loss" in m]
+    assert losses and all(0 < v < 10 for v in losses)  # flow matching's squared error, not the adaptive ~1
+
+
+def test_a_one_step_model_samples_the_same_in_onnx(meanflow_run, tmp_path):
+    pytest.importorskip("onnxruntime", reason="the export extra: pip install 'tinydit[export]'")
+    from tinydit.export import export
+    from tinydit.export.ort_sampler import OnnxSampler, to_uint8
+    from tinydit.flow.generate import generate
+    from tinydit.images import to_uint8 as torch_to_uint8
+
+    ckpt = meanflow_run[1] / "checkpoint.pt"
+    model, _ = load_model(ckpt)
+    onnx = OnnxSampler(str(export(ckpt, "onnx", tmp_path / "m.onnx")))
+    settings = onnx.meta["sampler"]
+    assert (settings["sampler"], settings["steps"], settings["cfg_scale"]) == ("euler", 1, 1.0)
+    y = torch.arange(8) % model.config.n_classes
+    ref = generate(model, y, steps=1, cfg_scale=1.0, seed=3, sampler="euler").x
+    noise = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    x = onnx.sample(noise.numpy(), y.numpy(), steps=1, cfg_scale=1.0, sampler="euler")
+    assert abs(to_uint8(x).astype(int) - torch_to_uint8(ref).numpy().astype(int)).max() <= 1
 
 
 @pytest.mark.parametrize(

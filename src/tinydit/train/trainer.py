@@ -201,7 +201,9 @@ class Trainer:
             align = run.alignment.loss(x, (idx[mine], flips[mine])) if run.alignment else None  # REPA: tokens vs x
         self.events.window.add_times(t[fm], per_sample[fm], align)
         run.update(flow if align is None else flow + cfg.repa * align, self.budget.lr_at(run.step))
-        return per_sample[fm].mean().detach()  # plain flow matching's squared error: comparable across runs
+        # The squared error of the images trained at one time t (r = t): plain flow matching, against the
+        # guided target where a mean-flow run folds guidance in (and of all, in a share with none such).
+        return (per_sample[fm] if fm.any() else per_sample).mean().detach()
 
     def validation_losses(self, model) -> tuple[float, list[float]]:
         """The loss on the fixed held-out images (a student: its teacher's validation paths) with fixed noise
