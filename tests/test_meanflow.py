@@ -8,7 +8,7 @@ import torch
 from conftest import fast_config
 
 from tinydit.cli import main
-from tinydit.flow.meanflow import check_jvp, draw_interval, jvp_du_dt, meanflow_loss, meanflow_target
+from tinydit.flow.meanflow import TIME_SCALE, check_jvp, draw_interval, jvp_du_dt, meanflow_loss, meanflow_target
 from tinydit.flow.path import flow_loss
 from tinydit.flow.samplers import sample
 from tinydit.models.checkpoint import load_checkpoint, load_model
@@ -107,6 +107,19 @@ def test_one_step_sampling_is_one_evaluation_and_deterministic():
     torch.testing.assert_close(sample("euler", model, noise, y, steps=1, cfg_scale=1.0).x, one)
 
 
+def test_the_time_embedding_scale_is_positive_and_slows_the_derivative_in_t():
+    with pytest.raises(Exception, match="time_scale"):
+        DiTConfig(time_scale=0.0)
+    z, v, y = torch.randn(2, 3, 32, 32), torch.zeros(2, 3, 32, 32), torch.tensor([1, 2])
+    t, r = torch.tensor([0.9, 0.7]), torch.tensor([0.2, 0.1])
+    size = {}
+    for scale in (1000.0, 1.0):  # the same weights; dz = 0, so du/dt is the network's own derivative in t
+        torch.manual_seed(0)
+        model = _moved(DiT(DiTConfig(dim=32, depth=2, n_heads=2, shortcut=True, time_scale=scale)))
+        size[scale] = jvp_du_dt(model, z, r, t, y, v)[1].abs().mean().item()
+    assert size[1.0] < size[1000.0] / 10
+
+
 def test_a_model_without_the_interval_is_refused():
     with pytest.raises(Exception, match="shortcut"):
         check_jvp(DiT(DiTConfig(dim=32, depth=1, n_heads=2)), torch.device("cpu"))
@@ -137,7 +150,7 @@ def test_a_meanflow_run_resumes_exactly_and_samples_in_one_step_by_default(meanf
         sampler="euler", steps=1, cfg_scale=1.0
     )
     model, _ = load_model(run / "checkpoint.pt")
-    assert model.config.shortcut
+    assert model.config.shortcut and model.config.time_scale == TIME_SCALE and model.t_embed.scale == TIME_SCALE
     capsys.readouterr()
     out = tmp_path / "one.png"
     assert main(["sample", "--checkpoint", str(run), "--n", "4", "--out", str(out)]) == 0

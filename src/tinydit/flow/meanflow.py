@@ -45,10 +45,23 @@ from torch import nn
 from tinydit.errors import TinyDiTError
 from tinydit.flow.path import interpolate, velocity_target
 
-__all__ = ["R_NEQ_T", "ADAPTIVE_C", "draw_interval", "jvp_du_dt", "meanflow_target", "meanflow_loss", "check_jvp"]
+__all__ = [
+    "R_NEQ_T",
+    "ADAPTIVE_C",
+    "TIME_SCALE",
+    "draw_interval",
+    "jvp_du_dt",
+    "meanflow_target",
+    "meanflow_loss",
+    "check_jvp",
+]
 
 R_NEQ_T = 0.25  # the share of images trained on an interval r < t; the rest have r = t (paper, table 1a)
 ADAPTIVE_C = 1e-3  # the adaptive weight 1 / (error + c) (paper, eq. 22 with p = 1)
+# The time embedding's scale for a mean-flow model (DiTConfig.time_scale; DiT's 1000 elsewhere). The target
+# holds du/dt, and features of 1000 t turn so fast that the network's derivative in t, not the flow's, makes
+# up nearly all of it (docs/few_step.md shows the measurement).
+TIME_SCALE = 30.0
 
 
 def draw_interval(
@@ -74,13 +87,20 @@ def _tangent_kernels():
 
 
 def jvp_du_dt(
-    model: nn.Module, z: torch.Tensor, r: torch.Tensor, t: torch.Tensor, y: torch.Tensor, v: torch.Tensor
+    model: nn.Module,
+    z: torch.Tensor,
+    r: torch.Tensor,
+    t: torch.Tensor,
+    y: torch.Tensor,
+    v: torch.Tensor,
+    along_t: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """u_theta(z, r, t | y) and its total derivative in t along the flow v: the Jacobian-vector product of
-    u_theta along (dz, dr, dt) = (v, 0, 1), in forward mode. Returns (u, du/dt), (N, C, H, W) each."""
+    u_theta along (dz, dr, dt) = (v, 0, 1), in forward mode. Returns (u, du/dt), (N, C, H, W) each.
+    ``along_t`` False: the part along z alone, (v, 0, 0) (a diagnostic, scripts/meanflow_derivative.py)."""
     with _tangent_kernels(), fwAD.dual_level():
         z_dual = fwAD.make_dual(z, v)
-        t_dual = fwAD.make_dual(t, torch.ones_like(t))
+        t_dual = fwAD.make_dual(t, torch.ones_like(t) if along_t else torch.zeros_like(t))
         # d = t - r carries dd/dt = 1 (r is fixed); the model embeds t and d.
         u, du_dt = fwAD.unpack_dual(model(z_dual, t_dual, y, t_dual - r))
     return u, du_dt

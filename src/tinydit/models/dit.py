@@ -128,7 +128,7 @@ class DiT(nn.Module):
             cos, sin = rope_2d(config.head_dim, config.grid_size)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
-        self.t_embed = TimestepEmbedder(config.dim)
+        self.t_embed = TimestepEmbedder(config.dim, scale=config.time_scale)
         if config.cond == "class":
             self.y_embed = nn.Embedding(config.n_classes + 1, config.dim)  # the last row is the null label
         else:
@@ -146,7 +146,7 @@ class DiT(nn.Module):
             self.pooled_embed = nn.Sequential(nn.Linear(d, d), nn.SiLU(), nn.Linear(d, d))
         # Shortcut models (Frans et al. 2024) see the step size d the sampler will take; d = 0 asks for
         # the instantaneous velocity, so with d = 0 the model is an ordinary flow model.
-        self.d_embed = TimestepEmbedder(config.dim) if config.shortcut else None
+        self.d_embed = TimestepEmbedder(config.dim, scale=config.time_scale) if config.shortcut else None
         self.build_blocks(config)
         head_out = f if config.head == "conv" else config.in_channels
         self.final = FinalLayer(config.dim, p * p * head_out, config.norm)

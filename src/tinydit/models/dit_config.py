@@ -31,6 +31,9 @@ class DiTConfig:
     mlp: str = "gelu"  # gelu (exact erf form) | swiglu (hidden width 2/3 of GELU's, same params)
     pos: str = "sincos"  # sincos: fixed 2-D sin-cos added to the tokens | rope: 2-D axial RoPE on q and k
     shortcut: bool = False  # also condition on the step size d, for few-step sampling (tinydit.flow.shortcut)
+    # t and d reach the model as sinusoidal features of time_scale * t (DiT: 1000). A mean-flow model is
+    # trained on its own derivative in t (tinydit.flow.meanflow), which the fastest feature multiplies.
+    time_scale: float = 1000.0
     # What the network outputs: v (the velocity itself) | x (the clean image; v derived from it) | auto
     # (resolved at construction: x for RGB data, v for grayscale; see PRESETS).
     pred: str = "v"
@@ -61,6 +64,8 @@ class DiTConfig:
             raise TinyDiTError(f"dim {self.dim} must be divisible by 4 for the 2-D sin-cos positions")
         if self.mlp_ratio <= 0:
             raise TinyDiTError(f"mlp_ratio must be > 0, got {self.mlp_ratio}")
+        if not self.time_scale > 0:
+            raise TinyDiTError(f"time_scale must be > 0, got {self.time_scale}")
         if self.pred == "auto":  # frozen dataclass: set the resolved value once, here
             object.__setattr__(self, "pred", "x" if self.in_channels > 1 else "v")
         for name, allowed in (("norm", NORMS), ("mlp", MLPS), ("pos", POSITIONS), ("pred", PREDICTIONS)):

@@ -74,11 +74,11 @@ def sincos_2d(dim: int, grid_size: int) -> torch.Tensor:
 
 
 class TimestepEmbedder(nn.Module):
-    """t in [0, 1] (N,) -> (N, D): sinusoidal features of 1000 t, then a two-layer MLP (DiT)."""
+    """t in [0, 1] (N,) -> (N, D): sinusoidal features of ``scale`` t (DiT: 1000), then a two-layer MLP."""
 
-    def __init__(self, dim: int, freq_dim: int = 256):
+    def __init__(self, dim: int, freq_dim: int = 256, scale: float = 1000.0):
         super().__init__()
-        self.freq_dim = freq_dim
+        self.freq_dim, self.scale = freq_dim, scale
         self.mlp = nn.Sequential(nn.Linear(freq_dim, dim), nn.SiLU(), nn.Linear(dim, dim))
 
     def forward(self, t: torch.Tensor) -> torch.Tensor:
@@ -87,7 +87,7 @@ class TimestepEmbedder(nn.Module):
         dtype = torch.promote_types(t.dtype, torch.float32)  # at least fp32 (float64 models stay float64)
         freqs = torch.exp(-math.log(10000) * torch.arange(half, device=t.device, dtype=dtype) / half)
         # Scaling by 1000 spreads t in [0, 1] over the frequency range these features were designed for.
-        args = 1000 * t.to(dtype).unsqueeze(1) * freqs  # (N, freq_dim / 2)
+        args = self.scale * t.to(dtype).unsqueeze(1) * freqs  # (N, freq_dim / 2)
         return self.mlp(torch.cat([args.cos(), args.sin()], dim=1))  # (N, D)
 
 

@@ -19,6 +19,7 @@ from tinydit.config import TRAJECTORY_FIELDS, TrainConfig
 from tinydit.data.names import canonical_name
 from tinydit.errors import TinyDiTError
 from tinydit.files import torch_save
+from tinydit.flow.meanflow import TIME_SCALE as MEANFLOW_TIME_SCALE
 from tinydit.models.checkpoint import FORMAT, FORMAT_VERSION
 from tinydit.models.registry import config_from_dict, preset_config
 from tinydit.version import __version__
@@ -99,6 +100,7 @@ def model_config_for(cfg: TrainConfig, fields: dict, state: dict | None, teacher
         **fields,
         **cfg.arch_overrides(),
         shortcut=cfg.few_step in ("shortcut", "meanflow"),
+        **({"time_scale": MEANFLOW_TIME_SCALE} if cfg.few_step == "meanflow" else {}),
         cond=cfg.cond,
     )
     if state is not None:
