@@ -195,3 +195,19 @@ def test_combinations_that_make_no_sense_are_one_error_line(tmp_path, capsys, fl
     err = capsys.readouterr().err
     assert code == 2 and says in err
     assert len([line for line in err.splitlines() if "error:" in line]) == 1 and not out.exists()
+
+
+def test_the_derivative_script_measures_a_mean_flow_checkpoint(meanflow_run):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "meanflow_derivative.py"
+    ckpt = meanflow_run[1] / "checkpoint.pt"
+    out = subprocess.run(
+        [sys.executable, str(script), "--checkpoint", str(ckpt), "--n", "8"], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| 0") or line.startswith("| 0.4")]
+    assert len(rows) == 3 and f"time_scale {TIME_SCALE:g}" in out.stdout
+    assert all(float(cell) >= 0 for row in rows for cell in row.strip("| ").split(" | "))
