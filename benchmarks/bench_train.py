@@ -51,7 +51,7 @@ import torch
 from tinydit.config import TrainConfig
 from tinydit.flow import flow_loss
 from tinydit.flow.distill import KNOTS, distill_loss
-from tinydit.flow.meanflow import draw_interval, meanflow_loss
+from tinydit.flow.meanflow import FoldedGuidance, draw_interval, meanflow_loss
 from tinydit.flow.samplers import sample, sample_path
 from tinydit.flow.shortcut import shortcut_loss
 from tinydit.models.attention import BACKENDS, attention_backend, resolve_backend
@@ -162,10 +162,8 @@ class Workload:
                     self.r, self.t = draw_interval(self.t, torch.rand(self.batch, generator=g).to(self.device), g)
                 model = self.model
                 null = model.null_condition(self.y)
-                guided = self.y != null
-                weighted, _ = meanflow_loss(
-                    self.forward, model, self.x, self.y, self.r, self.t, self.noise, 2.0, guided, null
-                )
+                guidance = FoldedGuidance(2.0, self.y != null, null)
+                weighted, _ = meanflow_loss(self.forward, model, self.x, self.y, self.r, self.t, self.noise, guidance)
                 loss = weighted.mean()
             elif self.objective == "distill":
                 if not hasattr(self, "paths"):  # teacher paths at the 9 knots, stored in fp16 as the trainer does

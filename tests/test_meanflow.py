@@ -8,7 +8,15 @@ import torch
 from conftest import fast_config
 
 from tinydit.cli import main
-from tinydit.flow.meanflow import TIME_SCALE, check_jvp, draw_interval, jvp_du_dt, meanflow_loss, meanflow_target
+from tinydit.flow.meanflow import (
+    TIME_SCALE,
+    FoldedGuidance,
+    check_jvp,
+    draw_interval,
+    jvp_du_dt,
+    meanflow_loss,
+    meanflow_target,
+)
 from tinydit.flow.path import flow_loss
 from tinydit.flow.samplers import sample
 from tinydit.models.checkpoint import load_checkpoint, load_model
@@ -76,7 +84,7 @@ def test_the_target_subtracts_the_interval_times_the_derivative_and_folds_guidan
     torch.testing.assert_close(target[[1, 3]], v[[1, 3]] - (t - r)[[1, 3]].view(-1, 1, 1, 1) * du_dt)
     guided = torch.tensor([True, True, True, False])
     null = torch.full_like(y, 10)
-    folded = meanflow_target(model, z, r, t, y, v, guidance=3.0, guided=guided, null=null)
+    folded = meanflow_target(model, z, r, t, y, v, FoldedGuidance(3.0, guided, null))
     with torch.no_grad():
         v_null = model(z, t, null, torch.zeros(4))
     torch.testing.assert_close(folded[[0, 2]], (3 * v + (1 - 3) * v_null)[[0, 2]])

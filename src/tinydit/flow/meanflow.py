@@ -37,6 +37,7 @@ Shapes: z, x0, noise, v, u (N, C, H, W); t, r, d (N,); y (N,) labels or (N, L) t
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 import torch.autograd.forward_ad as fwAD
@@ -49,6 +50,7 @@ __all__ = [
     "R_NEQ_T",
     "ADAPTIVE_C",
     "TIME_SCALE",
+    "FoldedGuidance",
     "draw_interval",
     "jvp_du_dt",
     "meanflow_target",
@@ -106,6 +108,17 @@ def jvp_du_dt(
     return u, du_dt
 
 
+@dataclass(frozen=True)
+class FoldedGuidance:
+    """Guidance folded into the target: the rows where ``guided`` (N,) bool (their label was not dropped)
+    learn v~ = scale v + (1 - scale) u_theta(z, t, t | null); ``null`` (shaped like y) is the
+    unconditional input."""
+
+    scale: float
+    guided: torch.Tensor
+    null: torch.Tensor
+
+
 def meanflow_target(
     model: nn.Module,
     z: torch.Tensor,
@@ -113,24 +126,19 @@ def meanflow_target(
     t: torch.Tensor,
     y: torch.Tensor,
     v: torch.Tensor,
-    guidance: float = 1.0,
-    guided: torch.Tensor | None = None,
-    null: torch.Tensor | None = None,
+    guidance: FoldedGuidance | None = None,
 ) -> torch.Tensor:
     """The detached regression target u_tgt = v~ - (t - r) d/dt u_theta(z, r, t | y) (N, C, H, W).
 
-    ``v`` (N, C, H, W): the path's velocity, noise - x0. With ``guidance`` w != 1 the rows where ``guided``
-    (N,) bool (their label was not dropped) take v~ = w v + (1 - w) u_theta(z, t, t | null), ``null`` being
-    the unconditional input shaped like y; the others keep v. ``model``: the plain module (not DDP), which
-    this calls without gradients."""
+    ``v`` (N, C, H, W): the path's velocity, noise - x0; v~ is v, or its guided form (``FoldedGuidance``).
+    ``model``: the plain module (not DDP), which this calls without gradients."""
     with torch.no_grad():
         v = v.float()
-        if guidance != 1.0:
-            if guided is None or null is None:
-                raise TinyDiTError("folded guidance needs the rows that are guided and the null condition")
+        if guidance is not None and guidance.scale != 1.0:
+            w = guidance.scale
             with _tangent_kernels():
-                v_null = model(z, t, null, torch.zeros_like(t)).float()  # (N, C, H, W): d = 0, instantaneous
-            v = torch.where(guided.view(-1, 1, 1, 1), guidance * v + (1 - guidance) * v_null, v)
+                v_null = model(z, t, guidance.null, torch.zeros_like(t)).float()  # (N, C, H, W): d = 0
+            v = torch.where(guidance.guided.view(-1, 1, 1, 1), w * v + (1 - w) * v_null, v)
         target = v.clone()
         rows = (r < t).nonzero().flatten()  # (k,): only intervals need the derivative
         if len(rows):
@@ -148,9 +156,7 @@ def meanflow_loss(
     r: torch.Tensor,
     t: torch.Tensor,
     noise: torch.Tensor,
-    guidance: float = 1.0,
-    guided: torch.Tensor | None = None,
-    null: torch.Tensor | None = None,
+    guidance: FoldedGuidance | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The mean-flow loss of a batch: ``forward`` (the trained callable: compiled, DDP) predicts
     u(z_t, r, t | y); ``model`` (the same weights, a plain module) computes the detached target.
@@ -158,7 +164,7 @@ def meanflow_loss(
     Returns (weighted, error), (N,) each: the adaptively weighted per-image loss to minimise, and the plain
     mean squared error, which is the flow-matching loss where r = t (what logs and bins report)."""
     z = interpolate(x0, noise, t)  # (N, C, H, W)
-    target = meanflow_target(model, z, r, t, y, velocity_target(x0, noise), guidance, guided, null)
+    target = meanflow_target(model, z, r, t, y, velocity_target(x0, noise), guidance)
     u = forward(z, t, y, t - r)  # (N, C, H, W)
     error = (u.float() - target).pow(2).flatten(1).mean(1)  # (N,)
     weighted = error / (error.detach() + ADAPTIVE_C)  # (N,)

@@ -22,7 +22,7 @@ from tinydit.errors import TinyDiTError
 from tinydit.eval.run_report import write_run_report
 from tinydit.files import RunDirLock, ensure_writable_dir
 from tinydit.flow.guidance import null_condition
-from tinydit.flow.meanflow import check_jvp, draw_interval, meanflow_loss
+from tinydit.flow.meanflow import FoldedGuidance, check_jvp, draw_interval, meanflow_loss
 from tinydit.flow.path import flow_loss, sample_t
 from tinydit.flow.records import recommended_sampling
 from tinydit.flow.shortcut import n_self_consistency, shortcut_loss
@@ -190,9 +190,8 @@ class Trainer:
                 fm[len(fm) - n_self_consistency(len(fm)) :] = False  # the rest are self-consistency examples
                 flow = per_sample.mean()
             elif cfg.few_step == "meanflow":
-                weighted, per_sample = meanflow_loss(
-                    run.forward, unwrap(run.model), x, y, r, t, noise, cfg.meanflow_cfg, ~drop, null
-                )  # (n,) each
+                guidance = FoldedGuidance(cfg.meanflow_cfg, ~drop, null)
+                weighted, per_sample = meanflow_loss(run.forward, unwrap(run.model), x, y, r, t, noise, guidance)
                 fm = r == t
                 flow = weighted.mean()  # what is minimised; per_sample (the squared errors) is what is reported
             else:
