@@ -46,7 +46,7 @@ def main() -> None:
         z = (1 - t_) * x0 + t_ * noise
         with torch.no_grad():
             u, du_dt = jvp_du_dt(model, z, r, t, y, v)
-            _, along_z = jvp_du_dt(model, z, r, t.clone(), y, v, along_t=False)
+            _, along_z = jvp_du_dt(model, z, r, t, y, v, along_t=False)
             target = v - (t_ - r_) * du_dt
             instantaneous = model(z, t, y, torch.zeros_like(t))
         print(

@@ -183,26 +183,27 @@ class Trainer:
             r, t = draw_interval(t, s, g)
         x, y, t, r, noise = x[mine], y[mine], t[mine], r[mine], noise[mine]  # this rank's share: n = N / ranks
         drop, null = drop[mine], null[mine]
-        fm = torch.ones_like(t, dtype=torch.bool)  # (n,) the images trained by plain flow matching at t
+        fm = slice(None)  # the images trained by plain flow matching at their time t: all, or these
         with autocast(dev, self.precision):
             if cfg.few_step == "shortcut":
                 per_sample = shortcut_loss(run.forward, x, y, t, noise, generator=g_loss, reduce=False)  # (n,)
-                fm[len(fm) - n_self_consistency(len(fm)) :] = False  # the rest are self-consistency examples
-                flow = per_sample.mean()
+                fm = slice(len(x) - n_self_consistency(len(x)))  # the rest are self-consistency examples
+                flow = reported = per_sample.mean()
             elif cfg.few_step == "meanflow":
                 guidance = FoldedGuidance(cfg.meanflow_cfg, ~drop, null)
                 weighted, per_sample = meanflow_loss(run.forward, unwrap(run.model), x, y, r, t, noise, guidance)
-                fm = r == t
-                flow = weighted.mean()  # what is minimised; per_sample (the squared errors) is what is reported
+                fm = r == t  # (n,) bool; its target's JVP has synchronised the device already
+                flow = weighted.mean()  # what is minimised
+                # What is reported: the squared error at r = t (against the guided target where guidance is
+                # folded in), or of all images in a share with none at r = t.
+                reported = (per_sample[fm] if fm.any() else per_sample).mean()
             else:
                 per_sample = flow_loss(run.forward, x, y, t, noise, reduce=False)  # (n,)
-                flow = per_sample.mean()
+                flow = reported = per_sample.mean()
             align = run.alignment.loss(x, (idx[mine], flips[mine])) if run.alignment else None  # REPA: tokens vs x
         self.events.window.add_times(t[fm], per_sample[fm], align)
         run.update(flow if align is None else flow + cfg.repa * align, self.budget.lr_at(run.step))
-        # The squared error of the images trained at one time t (r = t): plain flow matching, against the
-        # guided target where a mean-flow run folds guidance in (and of all, in a share with none such).
-        return (per_sample[fm] if fm.any() else per_sample).mean().detach()
+        return reported.detach()  # the flow-matching loss: comparable with runs that do not align
 
     def validation_losses(self, model) -> tuple[float, list[float]]:
         """The loss on the fixed held-out images (a student: its teacher's validation paths) with fixed noise
