@@ -1,9 +1,9 @@
 """Measure a shapes model against the empirical posterior mean of its training set.
 
-    python scripts/shapes_posterior.py losses runs/shapes/checkpoint.pt
-    python scripts/shapes_posterior.py hybrid runs/shapes/checkpoint.pt --switch 0.8 0.7 --cfg 1 4 --eta 0 1
-    python scripts/shapes_posterior.py denoise runs/shapes/checkpoint.pt --n 400 --t 0.3 0.5 0.7 0.9
-    python scripts/shapes_posterior.py keep runs/shapes/checkpoint.pt --n 400 --t 0.5 0.7 0.8 --steps 32
+    python experiments/shapes_posterior.py losses runs/shapes/checkpoint.pt
+    python experiments/shapes_posterior.py hybrid runs/shapes/checkpoint.pt --switch 0.8 0.7 --cfg 1 4 --eta 0 1
+    python experiments/shapes_posterior.py denoise runs/shapes/checkpoint.pt --n 400 --t 0.3 0.5 0.7 0.9
+    python experiments/shapes_posterior.py keep runs/shapes/checkpoint.pt --n 400 --t 0.5 0.7 0.8 --steps 32
 
 The empirical posterior mean E[x0 | x_t] over the 20,000 training images (weights
 exp(-|x_t - (1 - t) x0_i|^2 / 2 t^2), restricted to the asked class when the label is given) is a

@@ -1,9 +1,9 @@
 """Two questions about the shapes quick start that the trainer cannot ask, each answered by a training loop of
 the trainer's recipe and the strict judge.
 
-    python scripts/shapes_baselines.py unet --out /tmp/unet            # a convolutional U-Net instead of the DiT
-    python scripts/shapes_baselines.py repa --out /tmp/repa --lam 0.5  # the DiT with REPA's alignment loss
-    python scripts/shapes_baselines.py repa --out /tmp/base --lam 0    # the same loop without it
+    python experiments/shapes_baselines.py unet --out /tmp/unet            # a convolutional U-Net instead of the DiT
+    python experiments/shapes_baselines.py repa --out /tmp/repa --lam 0.5  # the DiT with REPA's alignment loss
+    python experiments/shapes_baselines.py repa --out /tmp/base --lam 0    # the same loop without it
 
 The recipe is the quick start's: 1,500 steps of batch 64 from the 20,000 training images, AdamW (0.9, 0.99)
 at 2e-3 (the U-Net 1e-3) with 100 warm-up steps and a linear cool-down over the last 20%, gradients clipped

@@ -1,6 +1,6 @@
 """Train briefly on `shapes` and score samples with read_shape (the shapes diagnosis, docs/notes/shapes_diagnosis.md).
 
-    OMP_NUM_THREADS=1 PYTHONPATH=src python scripts/shapes_probe.py --steps 1500 --out /tmp/probe [--lr ...]
+    OMP_NUM_THREADS=1 PYTHONPATH=src python experiments/shapes_probe.py --steps 1500 --out /tmp/probe [--lr ...]
 
 Scores N class-balanced samples from the EMA and the raw weights at guidance 1 and 2:
 shape = read_shape's shape equals the requested class; found = a foreground was found at all;

@@ -1,0 +1,99 @@
+"""The split of scripts/ (tools a user or a maintainer runs) from experiments/ (runs that asked one question):
+each directory's README lists exactly its files, every script and experiment still runs, and the package
+never imports an experiment."""
+
+import ast
+import json
+import re
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS, EXPERIMENTS = ROOT / "scripts", ROOT / "experiments"
+
+
+def _listed(readme: Path) -> set[str]:
+    """The file names in the first column of a README's table."""
+    return set(re.findall(r"^\| `([\w.]+)` \|", readme.read_text(), re.M))
+
+
+@pytest.mark.parametrize("folder", [SCRIPTS, EXPERIMENTS], ids=["scripts", "experiments"])
+def test_each_readme_lists_exactly_the_files_beside_it(folder):
+    files = {p.name for p in folder.iterdir() if p.is_file() and p.name != "README.md"}
+    assert files, folder
+    assert _listed(folder / "README.md") == files
+
+
+def test_the_package_never_imports_an_experiment():
+    offenders = []
+    for path in (ROOT / "src").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            offenders += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] == "experiments"]
+    assert not offenders
+
+
+def _run(script: Path, *args: str, capsys) -> tuple[int, str]:
+    """``python SCRIPT ARGS`` in this process (the imports are loaded already): its exit code and output."""
+    argv, path = sys.argv, list(sys.path)
+    sys.argv = [str(script), *args]
+    code = 0
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as e:
+        code = e.code or 0
+    finally:
+        sys.argv, sys.path[:] = argv, path
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+@pytest.mark.parametrize(
+    "script",
+    sorted([*SCRIPTS.glob("*.py"), *EXPERIMENTS.glob("*.py")]),
+    ids=lambda p: f"{p.parent.name}/{p.name}",
+)
+def test_every_script_and_experiment_imports_and_prints_its_help(script, capsys):
+    code, out = _run(script, "--help", capsys=capsys)
+    assert code == 0 and out.startswith("usage:"), out[-2000:]
+
+
+def test_the_gpu_check_is_valid_bash_and_names_files_that_exist():
+    script = SCRIPTS / "gpu_check.sh"
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    named = set(re.findall(r"\b((?:benchmarks|tests|scripts)/[\w/]+\.(?:py|sh))", script.read_text()))
+    assert named, "the check names no benchmark or test"
+    assert not [n for n in named if not (ROOT / n).exists()], named
+
+
+def test_compare_runs_prints_the_runs_validation_losses_at_a_shared_step(tiny_run, tmp_path, capsys):
+    run, _ = tiny_run
+    again = tmp_path / "again"  # the same run under a second name: two runs that share every step
+    again.symlink_to(run)
+    code, out = _run(SCRIPTS / "compare_runs.py", str(run), str(again), "--every", "4", capsys=capsys)
+    assert code == 0
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    last = [r for r in records if "val_loss_ema" in r][-1]
+    numbers = [f"{last['val_loss_ema']:.4f}", *(f"{v:.3f}" for v in last["val_loss_ema_by_t"])]
+    rows = [line.split() for line in out.splitlines()[1:]]
+    assert [r for r in rows if r[0] == str(last["step"])] == [
+        [str(last["step"]), str(name), *numbers] for name in (run, again)
+    ]
+
+
+def test_gradient_by_t_measures_a_checkpoint(tiny_run, capsys):
+    run, _ = tiny_run
+    args = ("--t", "0.2", "0.9", "--batch", "4", "--repeats", "1", "--precision", "fp32")
+    code, out = _run(EXPERIMENTS / "gradient_by_t.py", str(run / "checkpoint.pt"), *args, capsys=capsys)
+    assert code == 0, out
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [r["t"] for r in rows] == [0.2, 0.9]
+    assert all(r["grad_norm"] > 0 and r["loss"] > 0 for r in rows), rows
