@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import CHROMIUM, NEEDS_CHROMIUM, chromium
+from conftest import CHROMIUM, NEEDS_CHROMIUM, built_once, chromium
 
 from tinydit.cli import main
 from tinydit.data.text import Tokenizer
@@ -79,6 +79,19 @@ def _inputs(config, n: int):
     return (x, t, y) + ((torch.rand(n, generator=g),) if config.shortcut else ())
 
 
+@pytest.fixture(scope="session")
+def exported(tmp_path_factory) -> dict[str, Path]:
+    """The fixture checkpoints exported to ONNX once, for the tests of the samplers that read them (exporting
+    itself is tested above and below, on every variant and through the CLI)."""
+
+    def build(root: Path) -> None:
+        for name in ("dit", "mmdit"):
+            export(FIXTURES / f"{name}-0.2m.pt", "onnx", root / f"{name}.onnx")
+
+    root = built_once(tmp_path_factory, "onnx-exports", build)
+    return {name: root / f"{name}.onnx" for name in ("dit", "mmdit")}
+
+
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_onnx_and_pt2_compute_what_the_model_computes(name, tmp_path):
     config = VARIANTS[name]
@@ -110,10 +123,9 @@ def test_onnx_and_pt2_compute_what_the_model_computes(name, tmp_path):
         ("mmdit", "heun", {}),
     ],
 )
-def test_the_torch_free_sampler_draws_what_tinydit_sample_draws(name, sampler, options, tmp_path):
-    ckpt = FIXTURES / f"{name}-0.2m.pt"
-    model, state = load_model(ckpt)
-    onnx = OnnxSampler(str(export(ckpt, "onnx", tmp_path / "m.onnx")))
+def test_the_torch_free_sampler_draws_what_tinydit_sample_draws(name, sampler, options, exported):
+    model, state = load_model(FIXTURES / f"{name}-0.2m.pt")
+    onnx = OnnxSampler(str(exported[name]))
     c = model.config
     y = (
         torch.arange(8) % c.n_classes
@@ -128,10 +140,9 @@ def test_the_torch_free_sampler_draws_what_tinydit_sample_draws(name, sampler, o
     assert np.array_equal(to_uint8(ref.numpy()), torch_to_uint8(ref).numpy())  # the same rounding
 
 
-def test_the_torch_free_ancestral_sampler_draws_what_tinydit_draws_from_the_same_noise(tmp_path):
-    ckpt = FIXTURES / "dit-0.2m.pt"
-    model, _ = load_model(ckpt)
-    onnx = OnnxSampler(str(export(ckpt, "onnx", tmp_path / "m.onnx")))
+def test_the_torch_free_ancestral_sampler_draws_what_tinydit_draws_from_the_same_noise(exported):
+    model, _ = load_model(FIXTURES / "dit-0.2m.pt")
+    onnx = OnnxSampler(str(exported["dit"]))
     y = torch.arange(8) % model.config.n_classes
     noise = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(3))
     field = Velocity(model, y, cfg_scale=2.5, cfg_interval=(0.1, 0.8))
@@ -157,8 +168,8 @@ def test_the_torch_free_ancestral_sampler_draws_what_tinydit_draws_from_the_same
     assert np.abs(to_uint8(x).astype(int) - to_uint8(euler).astype(int)).max() > 10  # eta 1 is not
 
 
-def test_the_sampler_runs_where_torch_cannot_be_imported(tmp_path):
-    path = export(FIXTURES / "dit-0.2m.pt", "onnx", tmp_path / "m.onnx")
+def test_the_sampler_runs_where_torch_cannot_be_imported(exported, tmp_path):
+    path = exported["dit"]
     script = tmp_path / "run.py"
     source = Path(__file__).parents[1] / "src" / "tinydit" / "export" / "ort_sampler.py"
     shutil.copyfile(source, tmp_path / "ort_sampler.py")

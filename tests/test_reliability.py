@@ -69,14 +69,14 @@ def _step(run: Path) -> int:
 
 
 def test_kill_9_at_random_moments_then_the_same_command_ends_bit_exactly(tmp_path):
-    steps = 120
+    steps = 72
     ref = _train(tmp_path / "ref", steps)
     assert ref.wait(timeout=300) == 0, ref.stdout.read().decode()[-2000:]
     rng = random.Random(7)
     run, reached = tmp_path / "killed", []
     for _ in range(3):  # each kill lands mid-training: after a random checkpoint, a random moment later
         proc = _train(run, steps)
-        target = min(_step(run) + 4 * rng.randint(2, 6), steps - 40)
+        target = min(_step(run) + 4 * rng.randint(2, 6), steps - 24)
         deadline = time.time() + 120
         while _step(run) < target and proc.poll() is None and time.time() < deadline:
             time.sleep(0.05)
