@@ -344,7 +344,7 @@ def test_batch_size_defaults_by_data_and_is_written_down(tmp_path):
     assert resolve(TrainConfig(data=str(tmp_path))).batch_size == 128  # an image folder
     assert resolve(TrainConfig(batch_size=32)).batch_size == 32
     assert TrainConfig.from_dict(resolve(TrainConfig()).to_dict()).batch_size == 64
-    with pytest.raises(TinyDiTError, match="batch_size must be >= 1"):
+    with pytest.raises(TinyDiTError, match="`batch_size` must be >= 1"):
         TrainConfig(batch_size=0)
 
 

@@ -1,4 +1,5 @@
-"""The training run's configuration: ``TrainConfig``, a typed dataclass whose every field is checked on
+"""The training run's configuration: ``TrainConfig``, a typed dataclass whose fields are grouped by concern
+(data, model, objective, schedule, budget, runtime, output), each group checked by its own method on
 construction, and nothing else.
 
 A leaf of the package (it imports only ``errors``, ``runtime`` and ``tokens``): the names a field may take
@@ -93,50 +94,42 @@ CHOICES: dict[str, tuple[str, ...]] = {
 
 @dataclass
 class TrainConfig:
-    out: str = "runs/shapes"  # run directory: config.json, metrics.jsonl, checkpoint.pt, samples/
+    # -- data: what the model learns from --
+
     data: str = "shapes"  # shapes | fashion-mnist | cifar10 | path of an image folder
     data_root: str = "data"  # where downloadable data sets are looked for and stored
     limit: int | None = None  # use only the first `limit` training images (quick runs)
     classes: str | None = None  # train on these classes only: names or ids, comma-separated (automobile,truck)
-    model: str = "dit"  # dit | mmdit (tinydit.models.mmdit: image and text streams with joint attention)
-    preset: str | None = None  # model size, see `tinydit presets`; None: the data set's, else the model type's
-    cond: str | None = None  # class | text (the captions, tinydit.data.text); None: class for dit, text for mmdit
     # Text runs: comma-separated caption phrases ("red triangle"); every training image whose caption holds
     # one is removed, so the model never sees that combination. None: "red triangle,blue circle" for shapes,
     # else none.
     holdout: str | None = None
+
+    # -- model: the network (tinydit.models) --
+
+    model: str = "dit"  # dit | mmdit (tinydit.models.mmdit: image and text streams with joint attention)
+    preset: str | None = None  # model size, see `tinydit presets`; None: the data set's, else the model type's
+    cond: str | None = None  # class | text (the captions, tinydit.data.text); None: class for dit, text for mmdit
     norm: str | None = None  # layernorm | rmsnorm; None here and in the four below keeps the preset's choice
     qk_norm: bool | None = None  # RMS-normalise queries and keys per head
     mlp: str | None = None  # gelu | swiglu (gated SiLU at the same parameter count)
     pos: str | None = None  # sincos (absolute, added to the tokens) | rope (2-D rotary, inside attention)
     pred: str | None = None  # v | x: what the network outputs (see DiTConfig.pred); None keeps the preset's
-    steps: int | None = None  # stop after this many optimizer steps (None, and no `minutes`: 2000) ...
-    minutes: float | None = None  # ... or after this much training wall time, whichever comes first
-    # Images per optimizer step (the global batch). None: 64 for shapes, else 128.
-    batch_size: int | None = None
-    # AdamW peak learning rate (constant after warm-up, as in DiT). None: 2e-3 for shapes, else 1e-3.
-    lr: float | None = None
-    warmup: int = 100  # linear learning-rate warm-up, in steps
-    # Linear decay of the learning rate to 0 over the last ``cooldown`` steps of a `steps` run
-    # (warmup-stable-decay). A run can be continued with other `steps`/`cooldown` until its decay starts.
-    cooldown: int = 0
-    # `minutes` runs: the learning rate falls linearly to 0 over this last share of the time budget. The
-    # step count is planned when the fall must begin, from the rate measured since PLAN_AT of the budget,
-    # and kept in the checkpoint, so a continuation follows the same schedule to the step. None:
-    # 0.2 for a `minutes` run without `cooldown`, else 0 (off).
-    cooldown_frac: float | None = None
-    weight_decay: float = 0.0  # AdamW weight decay (DiT uses none)
-    grad_clip: float = 1.0  # clip the global gradient norm to this (0 = off)
-    ema_decay: float = 0.999  # EMA of the weights used for sampling; warmed up as min(d, (1+s)/(10+s))
+
+    # -- objective: what the network is trained to predict, and from which times --
+
+    # Training times: uniform | logit-normal (SD3). None: logit-normal for text runs (it raised MMDiT's
+    # all-attribute accuracy on shapes) and for class runs on RGB data, whose presets predict x (then also
+    # shifted towards noise, see `t_shift`); uniform on Fashion-MNIST.
+    t_sampling: str | None = None
+    # > 1 moves training times towards noise: t' = s t / (1 + (s - 1) t). None: 2.2 for class
+    # runs on RGB data (x-prediction trains where the layout is decided, as JiT does), else 1.
+    t_shift: float | None = None
     class_dropout: float = 0.1  # probability of the null label (text: the empty caption), for guidance
     # Weight of REPA's representation alignment (tinydit.train.repa): the tokens after the second block are
     # pulled towards a shipped encoder's features of the clean image (shapes, fashion-mnist). 0: off. None: 0.5 for
     # shapes class DiTs and shapes MMDiTs, whose crosses it lets the model learn, else 0 (tinydit.train.resolve).
     repa: float | None = None
-    # Training times: uniform | logit-normal (SD3). None: logit-normal for text runs (it raised MMDiT's
-    # all-attribute accuracy on shapes) and for class runs on RGB data, whose presets predict x (then also
-    # shifted towards noise, see `t_shift`); uniform on Fashion-MNIST.
-    t_sampling: str | None = None
     # none | shortcut: also train the model to take large steps (tinydit.flow.shortcut) | meanflow: learn the
     # average velocity over intervals, to sample in one step (tinydit.flow.meanflow) | distill: train a
     # few-step student on the paths of a trained model, ``teacher`` (tinydit.flow.distill)
@@ -150,15 +143,43 @@ class TrainConfig:
     teacher_cfg: float = 3.0  # ... with this guidance scale ...
     teacher_cfg_interval: tuple[float, float] = (0.1, 0.8)  # ... for t in this interval, which taught students best
     distill_paths: int = 40_000  # distill: how many teacher paths the student trains on
-    # > 1 moves training times towards noise: t' = s t / (1 + (s - 1) t). None: 2.2 for class
-    # runs on RGB data (x-prediction trains where the layout is decided, as JiT does), else 1.
-    t_shift: float | None = None
+
+    # -- schedule: the optimizer, its learning rate and the draws --
+
+    # Images per optimizer step (the global batch). None: 64 for shapes, else 128.
+    batch_size: int | None = None
+    # AdamW peak learning rate (constant after warm-up, as in DiT). None: 2e-3 for shapes, else 1e-3.
+    lr: float | None = None
+    warmup: int = 100  # linear learning-rate warm-up, in steps
+    weight_decay: float = 0.0  # AdamW weight decay (DiT uses none)
+    grad_clip: float = 1.0  # clip the global gradient norm to this (0 = off)
+    ema_decay: float = 0.999  # EMA of the weights used for sampling; warmed up as min(d, (1+s)/(10+s))
     seed: int = 0  # the one seed behind data order, flips, times, noise and initial weights
+
+    # -- budget: when the run ends, and the learning rate's fall before it --
+
+    steps: int | None = None  # stop after this many optimizer steps (None, and no `minutes`: 2000) ...
+    minutes: float | None = None  # ... or after this much training wall time, whichever comes first
+    # Linear decay of the learning rate to 0 over the last ``cooldown`` steps of a `steps` run
+    # (warmup-stable-decay). A run can be continued with other `steps`/`cooldown` until its decay starts.
+    cooldown: int = 0
+    # `minutes` runs: the learning rate falls linearly to 0 over this last share of the time budget. The
+    # step count is planned when the fall must begin, from the rate measured since PLAN_AT of the budget,
+    # and kept in the checkpoint, so a continuation follows the same schedule to the step. None:
+    # 0.2 for a `minutes` run without `cooldown`, else 0 (off).
+    cooldown_frac: float | None = None
+
+    # -- runtime: the device, the precision and compilation --
+
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     precision: str = "auto"  # auto | fp32 | bf16 | fp16 (CUDA only); auto = fastest measured on the device
     # auto | on | off: torch.compile the training forward pass (on CUDA also sampling's). auto: on CUDA, and on
     # a CPU for a `minutes` run of at least 3 minutes (tinydit.runtime.COMPILE_CPU_MINUTES) with a C++ compiler
     compile: str = "auto"
+
+    # -- output: what the run writes, and how often --
+
+    out: str = "runs/shapes"  # run directory: config.json, metrics.jsonl, checkpoint.pt, samples/
     log_every: int = 50  # steps between lines in metrics.jsonl
     val_every: int = 250  # steps between validation losses on the fixed held-out batch
     val_size: int = 512  # held-out images used for the validation loss
@@ -177,46 +198,77 @@ class TrainConfig:
     report: bool = True  # write RUN_DIR/report.html at the end of the run (tinydit report RUN_DIR)
 
     def __post_init__(self):
-        """Every field as given, alone or against another given field; ``None`` stays ``None``."""
+        """Every field as given, alone or against another given field, by concern; ``None`` stays ``None``
+        (the defaults that depend on the data set and the model are filled by ``tinydit.train.resolve``)."""
         for f in fields(self):  # every number finite: NaN passes every comparison below, and inf never ends
             values = getattr(self, f.name)
             for v in values if isinstance(values, (tuple, list)) else (values,):
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isfinite(v):
                     raise TinyDiTError(f"`{f.name}` must be a finite number, got {v}")
-        check_seed(self.seed)
+        self._check_data()
+        self._check_objective()
+        self._check_schedule()
         self._check_budget()
-        for name in ("batch_size", "log_every", "val_every", "val_size", "sample_every", "ckpt_every", "sample_steps"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise TinyDiTError(f"{name} must be >= 1, got {getattr(self, name)}")
+        self._check_output()
+        self._check_choices("precision", "compile")  # runtime; the device is checked where it is found
+
+    def _check_choices(self, *names: str) -> None:
+        for name in names:
+            if getattr(self, name) not in CHOICES[name]:
+                raise TinyDiTError(f"`{name}` must be one of {', '.join(CHOICES[name])}; got {getattr(self, name)!r}")
+
+    @staticmethod
+    def _check_at_least_one(**values: int | None) -> None:
+        for name, value in values.items():
+            if value is not None and value < 1:
+                raise TinyDiTError(f"`{name}` must be >= 1, got {value}")
+
+    def _check_data(self) -> None:
+        self._check_at_least_one(limit=self.limit)
         if self.classes is not None and not [c for c in self.classes.split(",") if c.strip()]:
             raise TinyDiTError(f"`classes` {self.classes!r} names no class: give names or ids, comma-separated")
-        if self.limit is not None and self.limit < 1:
-            raise TinyDiTError(f"`limit` must be >= 1, got {self.limit}")
+
+    def _check_objective(self) -> None:
+        """The times, guidance dropout, alignment and few-step objective (the model's names: resolve)."""
+        if self.t_shift is not None and self.t_shift <= 0:
+            raise TinyDiTError(f"`t_shift` must be > 0, got {self.t_shift}")
+        if not 0 <= self.class_dropout < 1:
+            raise TinyDiTError(f"`class_dropout` must be in [0, 1), got {self.class_dropout}")
         if self.repa is not None and self.repa < 0:
             raise TinyDiTError(f"`repa` must be >= 0 (0: off), got {self.repa}")
-        if self.lr is not None and self.lr <= 0:
-            raise TinyDiTError(f"`lr` must be > 0, got {self.lr}")
-        if self.warmup < 0 or self.weight_decay < 0 or self.grad_clip < 0:
-            raise TinyDiTError("warmup, weight_decay and grad_clip must be >= 0")
-        if not 0 <= self.ema_decay < 1:
-            raise TinyDiTError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
-        if not 0 <= self.class_dropout < 1:
-            raise TinyDiTError(f"class_dropout must be in [0, 1), got {self.class_dropout}")
-        self._check_distill()
+        self._check_choices("few_step")
         if self.meanflow_cfg is not None and (self.few_step != "meanflow" or self.meanflow_cfg < 1):
             raise TinyDiTError(
                 f"`meanflow_cfg` is the guidance folded into a `few_step` meanflow run's target, >= 1 "
                 f"(1: none); got {self.meanflow_cfg} with `few_step` {self.few_step}"
             )
-        if self.t_shift is not None and self.t_shift <= 0:
-            raise TinyDiTError(f"`t_shift` must be > 0, got {self.t_shift}")
-        for name, allowed in CHOICES.items():
-            if getattr(self, name) not in allowed:
-                raise TinyDiTError(f"`{name}` must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
-        if self.eval_every < 0 or self.eval_n < 10:
-            raise TinyDiTError(f"`eval_every` must be >= 0 and `eval_n` >= 10, got {self.eval_every} and {self.eval_n}")
-        if self.sample_cfg is not None and self.sample_cfg < 0:
-            raise TinyDiTError(f"sample_cfg (guidance scale) must be >= 0, got {self.sample_cfg}")
+        self._check_distill()
+
+    def _check_distill(self) -> None:
+        """A student's teacher (its sampler and conditioning are checked with the resolved run: resolve)."""
+        self.teacher_cfg_interval = tuple(float(v) for v in self.teacher_cfg_interval)  # a JSON list in config.json
+        if self.few_step != "distill":
+            if self.teacher is not None:
+                raise TinyDiTError("`teacher` is only used with `few_step` distill; add it or drop `teacher`")
+            return
+        if self.teacher is None:
+            raise TinyDiTError("`few_step` distill learns from a trained model: pass its checkpoint.pt with `teacher`")
+        self._check_at_least_one(distill_paths=self.distill_paths)
+        if self.arch_overrides():
+            raise TinyDiTError(
+                f"the student copies the teacher's architecture; drop "
+                f"{', '.join('`' + k + '`' for k in self.arch_overrides())}"
+            )
+
+    def _check_schedule(self) -> None:
+        check_seed(self.seed)
+        self._check_at_least_one(batch_size=self.batch_size)
+        if self.lr is not None and self.lr <= 0:
+            raise TinyDiTError(f"`lr` must be > 0, got {self.lr}")
+        if self.warmup < 0 or self.weight_decay < 0 or self.grad_clip < 0:
+            raise TinyDiTError("`warmup`, `weight_decay` and `grad_clip` must be >= 0")
+        if not 0 <= self.ema_decay < 1:
+            raise TinyDiTError(f"`ema_decay` must be in [0, 1), got {self.ema_decay}")
 
     def _check_budget(self) -> None:
         """steps, minutes and the two kinds of cool-down."""
@@ -249,23 +301,20 @@ class TrainConfig:
                 "give one cool-down: `cooldown` (steps, for a `steps` run) or `cooldown_frac` (a share of `minutes`)"
             )
 
-    def _check_distill(self) -> None:
-        self.teacher_cfg_interval = tuple(float(v) for v in self.teacher_cfg_interval)  # a JSON list in config.json
-        if self.few_step != "distill":
-            if self.teacher is not None:
-                raise TinyDiTError("`teacher` is only used with `few_step` distill; add it or drop `teacher`")
-            return
-        if self.teacher is None:
-            raise TinyDiTError("`few_step` distill learns from a trained model: pass its checkpoint.pt with `teacher`")
-        if self.distill_paths < 1:
-            raise TinyDiTError(f"`distill_paths` must be >= 1, got {self.distill_paths}")
-        if self.cond == "text":
-            raise TinyDiTError("`few_step` distill works with class-conditional models for now; drop `cond` text")
-        if self.arch_overrides():
-            raise TinyDiTError(
-                f"the student copies the teacher's architecture; drop "
-                f"{', '.join('`' + k + '`' for k in self.arch_overrides())}"
-            )
+    def _check_output(self) -> None:
+        self._check_at_least_one(
+            log_every=self.log_every,
+            val_every=self.val_every,
+            val_size=self.val_size,
+            sample_every=self.sample_every,
+            ckpt_every=self.ckpt_every,
+            sample_steps=self.sample_steps,
+        )
+        if self.sample_cfg is not None and self.sample_cfg < 0:
+            raise TinyDiTError(f"`sample_cfg` (guidance scale) must be >= 0, got {self.sample_cfg}")
+        if self.eval_every < 0 or self.eval_n < 10:
+            raise TinyDiTError(f"`eval_every` must be >= 0 and `eval_n` >= 10, got {self.eval_every} and {self.eval_n}")
+        self._check_choices("eval_budget")
 
     def cooldown_start(self) -> float:
         """The step where the learning rate starts to fall (inf without a cool-down)."""
