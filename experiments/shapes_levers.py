@@ -19,7 +19,7 @@ palette colour.
 
 Five levers that lost were flags of this script up to commit 3f43221 (then ``scripts/shapes_levers.py``):
 ``--muon``, ``--weight-cap``, ``--self-cond``, ``--low-res`` and ``--route``. Their results stay in
-docs/notes/shapes_diagnosis.md (sections 18, 19, 20 and 22); ``git show 3f43221:scripts/shapes_levers.py`` runs them.
+docs/notes/shapes_crosses_sooner.md (sections 18-22); ``git show 3f43221:scripts/shapes_levers.py`` runs them.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Train briefly on `shapes` and score samples with read_shape (the shapes diagnosis, docs/notes/shapes_diagnosis.md).
+"""Train briefly on `shapes` and score samples with read_shape (the shapes diagnosis, docs/notes/shapes_no_shapes.md).
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python experiments/shapes_probe.py --steps 1500 --out /tmp/probe [--lr ...]
 
