@@ -15,6 +15,9 @@ from tinydit.train import Trainer
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
     os.environ["OMP_NUM_THREADS"] = "1"
+    # Inductor compiles in a pool of worker processes, each importing torch: on a worker's one core that is
+    # startup without parallelism (the compiled kernels and the cache are the same).
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 # Compiled kernels of the tests go to a cache of their own (kept between runs of the suite on a machine, as
 # Inductor's own /tmp default is), not to the user's ~/.cache/tinydit/compile (tinydit.compiling).

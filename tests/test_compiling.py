@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from tinydit import compiling
+from tinydit.errors import TinyDiTError
 from tinydit.models.checkpoint import unwrap
 from tinydit.models.dit import DiT
 from tinydit.models.dit_config import DiTConfig
@@ -74,6 +75,19 @@ def _finish(proc: subprocess.Popen) -> str:
 
 def _dit(**kw) -> DiT:
     return DiT(DiTConfig(img_size=16, in_channels=3, patch_size=4, dim=32, depth=3, n_heads=2, n_classes=4, **kw))
+
+
+def test_the_compile_scope_chooses_the_blocks_or_the_whole_model(monkeypatch):
+    """TINYDIT_COMPILE_SCOPE=model compiles a CPU model whole, as on CUDA (nothing compiles until the first call);
+    a scope it does not know is one clear error."""
+    monkeypatch.setenv("TINYDIT_COMPILE_SCOPE", "model")
+    model = _dit()
+    compiled = maybe_compile(model, True)
+    assert isinstance(compiled, compiling.GuardedCompile) and unwrap(compiled) is model
+    assert all(b._compiled_call_impl is None for b in model.blocks)  # no block compiled in place
+    monkeypatch.setenv("TINYDIT_COMPILE_SCOPE", "everything")
+    with pytest.raises(TinyDiTError, match="TINYDIT_COMPILE_SCOPE must be one of blocks, model, got 'everything'"):
+        maybe_compile(_dit(), True)
 
 
 def test_regions_are_the_repeated_blocks_compiled_in_place_with_the_weights_untouched():

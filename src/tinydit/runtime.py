@@ -41,6 +41,8 @@ __all__ = [
     "PRECISIONS",
     "COMPILE",
     "COMPILE_CPU_MINUTES",
+    "COMPILE_SCOPES",
+    "compile_scope",
     "get_device",
     "resolve_device",
     "cpu_has_native_bf16",
@@ -56,6 +58,10 @@ __all__ = [
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 COMPILE = ("auto", "on", "off")
+# What a CPU compiles: each repeated block in place ("blocks", the default: one block's graph compiles, so a
+# cold start is shorter) or the whole model ("model", CUDA's way; the glue between the blocks compiles too).
+# TINYDIT_COMPILE_SCOPE chooses for a process (benchmarks/bench_compile_start.py races the two).
+COMPILE_SCOPES = ("blocks", "model")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -235,7 +241,15 @@ def maybe_compile(model: nn.Module, enabled: bool) -> Callable[..., torch.Tensor
                 switch.warm_up()
         # Inductor's C++ toolchain lookup warns "No CUDA runtime is found" on every CPU-only machine.
         logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
-        if compiling.repeated_blocks(model):
+        if compile_scope() == "blocks" and compiling.repeated_blocks(model):
             compiling.compile_regions(model)  # in place: the model itself is the compiled forward
             return model
     return compiling.GuardedCompile(model, torch.compile(model))
+
+
+def compile_scope() -> str:
+    """What a CPU compiles (``COMPILE_SCOPES``): ``TINYDIT_COMPILE_SCOPE``, else the repeated blocks."""
+    scope = os.environ.get("TINYDIT_COMPILE_SCOPE") or "blocks"
+    if scope not in COMPILE_SCOPES:
+        raise TinyDiTError(f"TINYDIT_COMPILE_SCOPE must be one of {', '.join(COMPILE_SCOPES)}, got {scope!r}")
+    return scope
