@@ -3,6 +3,7 @@ empty Inductor cache, as a user's first run meets it.
 
     python benchmarks/bench_compile_start.py [--data shapes] [--batch-size 64 32] [--steps 300] [--precision bf16]
     python benchmarks/bench_compile_start.py --scopes blocks model   # the repeated blocks against the whole model
+    python benchmarks/bench_compile_start.py --scopes blocks model --warm   # the same from kept caches
 
 Each row is one `tinydit train --steps N --cooldown 0` process with its own empty ``TORCHINDUCTOR_CACHE_DIR``
 (no sample grid, validation or checkpoint before the end, so that no other input shape compiles), read back
@@ -36,11 +37,14 @@ from expectations import this_machine  # noqa: E402  (the machine as the README'
 NEVER = 10**8  # a step no run here reaches: no grid, validation or checkpoint before the end
 
 
-def one_run(root: Path, data: str, batch: int, scope: str | None, steps: int, precision: str) -> dict:
-    """Train once in a fresh process and cache, compiling ``scope`` (None: eager); the start-up and steady rate
-    from its metrics."""
+def one_run(
+    root: Path, data: str, batch: int, scope: str | None, steps: int, precision: str, cache: Path | None = None
+) -> dict:
+    """Train once in a fresh process, compiling ``scope`` (None: eager) into an empty cache, or into ``cache``
+    where given (a warm start once a run has filled it); the start-up and steady rate from its metrics."""
     out = root / f"run{len(list(root.iterdir()))}"
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(out) + ".inductor", "TINYDIT_COMPILE_SCOPE": scope or ""}
+    cache = cache or Path(str(out) + ".inductor")
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache), "TINYDIT_COMPILE_SCOPE": scope or ""}
     on = "on" if scope else "off"
     flags = (
         f"train --data {data} --steps {steps} --cooldown 0 --batch-size {batch} --compile {on} --precision {precision}"
@@ -66,6 +70,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--precision", default="auto")
     p.add_argument("--minutes", type=float, default=5.0, help="the budget the last lines weigh compiling for")
+    p.add_argument("--warm", action="store_true", help="each compiled mode starts from a cache a first run filled")
     p.add_argument(
         "--scopes", nargs="+", default=["blocks"], choices=COMPILE_SCOPES, help="what the compiled runs compile"
     )
@@ -78,10 +83,15 @@ def main() -> None:
     print("|---|---|---|---|---|")
     results = []
     with tempfile.TemporaryDirectory() as tmp:
+        caches = {scope: Path(tmp) / f"{scope}.kept" if args.warm else None for scope in modes}
+        if args.warm:  # one untimed run per mode and batch fills its cache
+            for batch in args.batch_size:
+                for scope in args.scopes:
+                    one_run(Path(tmp), args.data, batch, scope, 200, args.precision, caches[scope])
         for _ in range(args.repeats):
             for batch in args.batch_size:
                 for scope in modes:
-                    r = one_run(Path(tmp), args.data, batch, scope, args.steps, args.precision)
+                    r = one_run(Path(tmp), args.data, batch, scope, args.steps, args.precision, caches[scope])
                     results.append(r)
                     rate = r["steps_per_s"]
                     print(f"| {batch} | {scope or 'no'} | {r['to_step_50']:.1f} | {rate:.2f} | {rate * batch:.0f} |")
