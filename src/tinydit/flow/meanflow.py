@@ -37,6 +37,7 @@ Shapes: z, x0, noise, v, u (N, C, H, W); t, r, d (N,); y (N,) labels or (N, L) t
 from __future__ import annotations
 
 import contextlib
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -84,6 +85,11 @@ def _tangent_kernels():
     from tinydit.models.attention import attention_backend
     from tinydit.models.linear import linear_backend
 
+    with warnings.catch_warnings():
+        # Forward mode's first use imports PyTorch's decompositions for it, which it builds with torch.jit.script
+        # and so warns every mean-flow run that torch.jit.script is deprecated: PyTorch's warning, not the user's.
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated", category=FutureWarning)
+        import torch._decomp.decompositions_for_jvp  # noqa: F401
     with eagerly(), linear_backend("blas"), attention_backend("matmul"):
         yield
 
