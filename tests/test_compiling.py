@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from tinydit import compiling
+from tinydit.cli import main
 from tinydit.errors import TinyDiTError
 from tinydit.models.checkpoint import unwrap
 from tinydit.models.dit import DiT
@@ -77,9 +78,9 @@ def _dit(**kw) -> DiT:
     return DiT(DiTConfig(img_size=16, in_channels=3, patch_size=4, dim=32, depth=3, n_heads=2, n_classes=4, **kw))
 
 
-def test_the_compile_scope_chooses_the_blocks_or_the_whole_model(monkeypatch):
+def test_the_compile_scope_chooses_the_blocks_or_the_whole_model(monkeypatch, tmp_path, capsys):
     """TINYDIT_COMPILE_SCOPE=model compiles a CPU model whole, as on CUDA (nothing compiles until the first call);
-    a scope it does not know is one clear error."""
+    a scope it does not know is one clear error, which a training run gives before it writes anything."""
     monkeypatch.setenv("TINYDIT_COMPILE_SCOPE", "model")
     model = _dit()
     compiled = maybe_compile(model, True)
@@ -88,6 +89,14 @@ def test_the_compile_scope_chooses_the_blocks_or_the_whole_model(monkeypatch):
     monkeypatch.setenv("TINYDIT_COMPILE_SCOPE", "everything")
     with pytest.raises(TinyDiTError, match="TINYDIT_COMPILE_SCOPE must be one of blocks, model, got 'everything'"):
         maybe_compile(_dit(), True)
+    out = tmp_path / "run"
+    flags = ["--data", "shapes", "--preset", "dit-0.2m", "--limit", "32", "--steps", "1", "--compile", "on"]
+    assert main(["train", *flags, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if "error:" in line] == [
+        "tinydit train: error: TINYDIT_COMPILE_SCOPE must be one of blocks, model, got 'everything'"
+    ]
+    assert not out.exists()
 
 
 def test_regions_are_the_repeated_blocks_compiled_in_place_with_the_weights_untouched():

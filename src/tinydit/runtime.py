@@ -197,14 +197,17 @@ def resolve_compile(flag: str | bool, device: torch.device, minutes: float | Non
     least ``COMPILE_CPU_MINUTES`` where a C++ compiler is found: a cold compilation costs tens of seconds on a
     small CPU, which a shorter or open-ended CPU run (sampling, a `steps` run) is not measured to win back."""
     if isinstance(flag, bool):
-        return flag
-    if flag == "auto":
-        if device.type == "cuda":
-            return True
-        return device.type == "cpu" and minutes is not None and minutes >= COMPILE_CPU_MINUTES and has_cxx_compiler()
-    if flag in ("on", "off"):
-        return flag == "on"
-    raise TinyDiTError(f"`compile` must be auto, on or off; got {flag!r}")
+        compiles = flag
+    elif flag == "auto":
+        cpu_run = device.type == "cpu" and minutes is not None and minutes >= COMPILE_CPU_MINUTES
+        compiles = device.type == "cuda" or (cpu_run and has_cxx_compiler())
+    elif flag in ("on", "off"):
+        compiles = flag == "on"
+    else:
+        raise TinyDiTError(f"`compile` must be auto, on or off; got {flag!r}")
+    if compiles and device.type == "cpu":
+        compile_scope()  # a bad TINYDIT_COMPILE_SCOPE is refused with the choice, before a run writes anything
+    return compiles
 
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
