@@ -1,5 +1,7 @@
 import os
+import runpy
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -70,6 +72,22 @@ def built_once(tmp_path_factory, name: str, build) -> Path:
             build(path)
             (path / ".built").touch()
     return path
+
+
+def run_script(script: Path, args: list[str], capsys) -> tuple[int, str, str]:
+    """``python SCRIPT ARGS`` as a user runs it, but in the test's process, whose torch is imported already (a
+    fresh interpreter spends seconds importing it): its exit code, stdout and stderr."""
+    argv, path = sys.argv, list(sys.path)
+    sys.argv, sys.path[0:0] = [str(script), *args], [str(script.parent)]  # as `python SCRIPT` sets them
+    code = 0
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+    finally:
+        sys.argv, sys.path[:] = argv, path
+    out = capsys.readouterr()
+    return code, out.out, out.err
 
 
 def fast_config(out, **kw) -> TrainConfig:

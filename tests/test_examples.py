@@ -1,11 +1,10 @@
 """Every example script runs and does what it says (each exits non-zero when its own check fails)."""
 
 import re
-import runpy
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_script
 from PIL import Image
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -22,27 +21,11 @@ def test_every_example_is_covered():
     assert sorted(p.name for p in EXAMPLES.glob("*.py")) == sorted(ARGS)
 
 
-def _run(script: Path, args: list[str], capsys) -> tuple[int, str, str]:
-    """``python SCRIPT ARGS`` as a user runs it, but in this process, whose torch is imported already (a fresh
-    interpreter would spend seconds importing it for each example): its exit code, stdout and stderr."""
-    argv, path = sys.argv, list(sys.path)
-    sys.argv, sys.path[0:0] = [str(script), *args], [str(script.parent)]  # as `python SCRIPT` sets them
-    code = 0
-    try:
-        runpy.run_path(str(script), run_name="__main__")
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    finally:
-        sys.argv, sys.path[:] = argv, path
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 @pytest.mark.parametrize("name", sorted(ARGS))
 def test_example_runs(name, tmp_path, monkeypatch, capsys):
     args = [a.format(out=tmp_path) for a in ARGS[name]]
     monkeypatch.chdir(tmp_path)
-    code, out, err = _run(EXAMPLES / name, args, capsys)
+    code, out, err = run_script(EXAMPLES / name, args, capsys)
     assert code == 0, out + err
     if name.startswith("01"):  # permute is reversible, reshape is not; a batch of 3 RGB images in [-1, 1]
         assert "permute back == original: True | reshape == original: False" in out

@@ -5,12 +5,11 @@ never imports an experiment."""
 import ast
 import json
 import re
-import runpy
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS, EXPERIMENTS = ROOT / "scripts", ROOT / "experiments"
@@ -41,28 +40,13 @@ def test_the_package_never_imports_an_experiment():
     assert not offenders
 
 
-def _run(script: Path, *args: str, capsys) -> tuple[int, str]:
-    """``python SCRIPT ARGS`` in this process (the imports are loaded already): its exit code and output."""
-    argv, path = sys.argv, list(sys.path)
-    sys.argv = [str(script), *args]
-    code = 0
-    try:
-        runpy.run_path(str(script), run_name="__main__")
-    except SystemExit as e:
-        code = e.code or 0
-    finally:
-        sys.argv, sys.path[:] = argv, path
-    out = capsys.readouterr()
-    return code, out.out + out.err
-
-
 @pytest.mark.parametrize(
     "script",
     sorted([*SCRIPTS.glob("*.py"), *EXPERIMENTS.glob("*.py")]),
     ids=lambda p: f"{p.parent.name}/{p.name}",
 )
 def test_every_script_and_experiment_imports_and_prints_its_help(script, capsys):
-    code, out = _run(script, "--help", capsys=capsys)
+    code, out, _ = run_script(script, ["--help"], capsys)
     assert code == 0 and out.startswith("usage:"), out[-2000:]
 
 
@@ -78,7 +62,7 @@ def test_compare_runs_prints_the_runs_validation_losses_at_a_shared_step(tiny_ru
     run, _ = tiny_run
     again = tmp_path / "again"  # the same run under a second name: two runs that share every step
     again.symlink_to(run)
-    code, out = _run(SCRIPTS / "compare_runs.py", str(run), str(again), "--every", "4", capsys=capsys)
+    code, out, _ = run_script(SCRIPTS / "compare_runs.py", [str(run), str(again), "--every", "4"], capsys)
     assert code == 0
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     last = [r for r in records if "val_loss_ema" in r][-1]
@@ -92,8 +76,8 @@ def test_compare_runs_prints_the_runs_validation_losses_at_a_shared_step(tiny_ru
 def test_gradient_by_t_measures_a_checkpoint(tiny_run, capsys):
     run, _ = tiny_run
     args = ("--t", "0.2", "0.9", "--batch", "4", "--repeats", "1", "--precision", "fp32")
-    code, out = _run(EXPERIMENTS / "gradient_by_t.py", str(run / "checkpoint.pt"), *args, capsys=capsys)
-    assert code == 0, out
+    code, out, err = run_script(EXPERIMENTS / "gradient_by_t.py", [str(run / "checkpoint.pt"), *args], capsys)
+    assert code == 0, out + err
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert [r["t"] for r in rows] == [0.2, 0.9]
     assert all(r["grad_norm"] > 0 and r["loss"] > 0 for r in rows), rows
