@@ -37,6 +37,7 @@ Shapes: z, x0, noise, v, u (N, C, H, W); t, r, d (N,); y (N,) labels or (N, L) t
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from dataclasses import dataclass
 
@@ -85,13 +86,18 @@ def _tangent_kernels():
     from tinydit.models.attention import attention_backend
     from tinydit.models.linear import linear_backend
 
-    with warnings.catch_warnings():
-        # Forward mode's first use imports PyTorch's decompositions for it, which it builds with torch.jit.script
-        # and so warns every mean-flow run that torch.jit.script is deprecated: PyTorch's warning, not the user's.
-        warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated", category=FutureWarning)
-        import torch._decomp.decompositions_for_jvp  # noqa: F401
+    _import_forward_mode_decompositions()
     with eagerly(), linear_backend("blas"), attention_backend("matmul"):
         yield
+
+
+@functools.cache  # once per process, not at every step's tangent
+def _import_forward_mode_decompositions() -> None:
+    """Forward mode's first use imports PyTorch's decompositions for it, which PyTorch builds with torch.jit.script
+    and so warns, in every mean-flow run, that torch.jit.script is deprecated: PyTorch's warning, not the user's."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated", category=FutureWarning)
+        import torch._decomp.decompositions_for_jvp  # noqa: F401
 
 
 def jvp_du_dt(
