@@ -54,7 +54,7 @@ class Budget:
 
     def __init__(self, cfg: TrainConfig, step: int = 0, plan: dict | None = None, where: str = "the run"):
         self.cfg = cfg
-        self.seconds = cfg.minutes * 60 if cfg.minutes is not None else None  # the time budget, once
+        self.total_seconds = cfg.minutes * 60 if cfg.minutes is not None else None  # the time budget, once
         if plan is not None and plan["minutes"] != cfg.minutes:
             # A new time budget is planned again, unless the old plan's cool-down has begun: then the
             # schedule is fixed, as a `steps` run's is.
@@ -87,10 +87,10 @@ class Budget:
         return self.cfg.steps is not None and step >= self.cfg.steps
 
     def done(self, step: int, seconds: float) -> bool:
-        return self.steps_done(step) or (self.seconds is not None and seconds >= self.seconds)
+        return self.steps_done(step) or (self.total_seconds is not None and seconds >= self.total_seconds)
 
     def seconds_left(self, seconds: float) -> float | None:
-        return self.seconds - seconds if self.seconds is not None else None
+        return self.total_seconds - seconds if self.total_seconds is not None else None
 
     def due_plan(self, step: int, seconds: float) -> dict | None:
         """Rank 0's plan of a `minutes` run with a cool-down, made when the steps left are the cool-down's
@@ -131,11 +131,11 @@ class Budget:
         The rate is measured from the first step after PLAN_AT of the budget has passed in this process
         (compilation, caching and the first grid come before), or over the whole process until then."""
         cfg = self.cfg
-        if self._rate_from is None and seconds - self._start[1] >= PLAN_AT * self.seconds:
+        if self._rate_from is None and seconds - self._start[1] >= PLAN_AT * self.total_seconds:
             self._rate_from = (step, seconds)
         step0, seconds0 = self._rate_from or self._start
         if step == step0:  # the measurement has only just begun: the whole process's rate until then
             step0, seconds0 = self._start
         rate = (step - step0) / max(seconds - seconds0, 1e-9)
-        left = int((self.seconds - seconds) * rate * PLAN_MARGIN)
+        left = int((self.total_seconds - seconds) * rate * PLAN_MARGIN)
         return (min(left, cfg.steps - step) if cfg.steps is not None else left), rate
