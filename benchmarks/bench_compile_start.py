@@ -83,7 +83,7 @@ def main() -> None:
     print("|---|---|---|---|---|")
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        caches = {scope: Path(tmp) / f"{scope}.kept" if args.warm else None for scope in modes}
+        caches = {scope: Path(tmp) / f"{scope}.kept" for scope in args.scopes} if args.warm else {}
         if args.warm:  # one untimed run per mode and batch fills its cache
             for batch in args.batch_size:
                 for scope in args.scopes:
@@ -91,7 +91,7 @@ def main() -> None:
         for _ in range(args.repeats):
             for batch in args.batch_size:
                 for scope in modes:
-                    r = one_run(Path(tmp), args.data, batch, scope, args.steps, args.precision, caches[scope])
+                    r = one_run(Path(tmp), args.data, batch, scope, args.steps, args.precision, caches.get(scope))
                     results.append(r)
                     rate = r["steps_per_s"]
                     print(f"| {batch} | {scope or 'no'} | {r['to_step_50']:.1f} | {rate:.2f} | {rate * batch:.0f} |")
