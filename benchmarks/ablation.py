@@ -27,6 +27,7 @@ from tinydit.config import TrainConfig
 from tinydit.data import load_dataset
 from tinydit.eval.evaluate import evaluate
 from tinydit.eval.sampling import generate_for_eval
+from tinydit.flow.settings import SamplingSettings
 from tinydit.models.dit import SWITCHES, get_preset
 from tinydit.runtime import resolve_device, resolve_precision
 from tinydit.train import Trainer
@@ -92,7 +93,8 @@ def main() -> None:
         )
         started = time.perf_counter()
         trained = Trainer(cfg).fit()
-        images, labels, data, _, info = generate_for_eval(out / "checkpoint.pt", args.n, 32, 2.0, 0, device, None)
+        euler = SamplingSettings("euler", 32, 2.0, source="the ablation's fixed sampler")
+        images, labels, data, _, info = generate_for_eval(out / "checkpoint.pt", args.n, euler, 0, device, None)
         metrics = evaluate(images, labels, data)
         fid = next(v for k, v in metrics.items() if k.startswith("fid_"))
         cc = next((v for k, v in metrics.items() if k.startswith("class_consistency_")), float("nan"))

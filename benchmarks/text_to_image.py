@@ -38,6 +38,7 @@ from bench_train import Workload, header, race
 from tinydit.config import TrainConfig
 from tinydit.data.text import parse_phrases, tokenizer_of
 from tinydit.eval.adherence import GROUPS, confusion_table, markdown_table, measure
+from tinydit.flow.settings import SamplingSettings
 from tinydit.models.checkpoint import load_model
 from tinydit.models.dit import count_params
 from tinydit.runtime import resolve_device, resolve_precision
@@ -169,11 +170,10 @@ def main() -> None:
             holdout,
             args.n_seen,
             args.n_held_out,
-            steps=args.steps,
-            cfg_scale=args.cfg,
+            SamplingSettings(
+                args.sampler, args.steps, args.cfg, cfg_interval=args.cfg_interval, source="this benchmark"
+            ),
             seed=args.seed,
-            sampler=args.sampler,
-            cfg_interval=args.cfg_interval,
         )
         results[name] = {
             "preset": trainer.cfg.preset,
@@ -248,12 +248,11 @@ def score_only(args: argparse.Namespace, device) -> None:
                 holdout,
                 args.n_seen,
                 args.n_held_out,
-                steps=args.steps,
-                cfg_scale=cfg_scale,
+                SamplingSettings(
+                    args.sampler, args.steps, cfg_scale, cfg_interval=args.cfg_interval, source="this benchmark"
+                ),
                 seed=args.seed,
                 with_confusion=True,
-                sampler=args.sampler,
-                cfg_interval=args.cfg_interval,
             )
             results[name] = scores
             interval = "" if args.cfg_interval is None else "[{:g},{:g}]".format(*args.cfg_interval)

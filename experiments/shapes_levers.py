@@ -60,7 +60,7 @@ def score(checkpoint: Path, n: int, spec: str, ema: bool = True, seed: int = 0) 
         options["eta"] = float(parts[4])
     if spec == "recorded":  # the settings the checkpoint records, as `tinydit sample` with no flags
         res = api.sample(checkpoint, n, ema=ema, seed=seed)
-        print(f"{spec}: {res.note}", file=sys.stderr)  # a preset with no record falls back: say to what
+        print(f"{spec}: {res.settings.note}", file=sys.stderr)  # a preset with no record falls back: say to what
     else:
         res = api.sample(
             checkpoint,

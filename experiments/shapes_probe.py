@@ -21,6 +21,7 @@ from tinydit.config import TrainConfig
 from tinydit.data.shapes import _PALETTE, SHAPES, read_shape
 from tinydit.eval.features import extract, load_feature_net
 from tinydit.flow.generate import class_cycle, generate
+from tinydit.flow.settings import SamplingSettings
 from tinydit.images import save_grid, to_uint8
 from tinydit.train import Trainer
 
@@ -214,7 +215,7 @@ def main() -> None:
         model.eval()
         out[f"{name}_loss_by_t"] = loss_by_t(model, tr.data.val_set)
         for s in [float(c) for c in args.cfgs.split(",")]:
-            x = generate(model, y, steps=args.sample_steps, cfg_scale=s, seed=0).x
+            x = generate(model, y, SamplingSettings("euler", args.sample_steps, s, source="the probe")).x
             out[f"{name}_cfg{s:g}"] = score(x, y, net)
             if s == 2.0:
                 save_grid(x[:64], f"{args.out}/probe_{name}_cfg{s:g}.png", nrow=8)

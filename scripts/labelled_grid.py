@@ -43,7 +43,7 @@ def sample_panel(checkpoint: str, per_class: int, prompts: list[str] | None, see
     groups = [[i for i, y in enumerate(labels) if y == k] for k in range(len(res.names))]
     groups = [g for g in groups if g]
     names = [res.names[labels[g[0]]] for g in groups]
-    return dict(text=text, images=images, groups=groups, names=names, note=res.note)
+    return dict(text=text, images=images, groups=groups, names=names, note=res.settings.note)
 
 
 def draw_panel(target, panel: dict, per_class: int, title: str | None) -> None:

@@ -132,7 +132,7 @@ def test_library_errors_name_parameters_and_the_cli_prints_flags(tmp_path, capsy
         TrainConfig(steps=0)
     flags = flags_of(build_parser(), "sample")
     message = "`cfg_scale` must be >= 0; `n` too; `dataset` has none"
-    assert as_flags(message, flags) == "--cfg must be >= 0; --n too; dataset has none"
+    assert as_flags(message, flags) == "--cfg-scale must be >= 0; --n too; dataset has none"
     assert main(["train", "--steps", 0, "--out", tmp_path]) == 2
     assert "tinydit train: error: --steps must be >= 1, got 0" in capsys.readouterr().err
 

@@ -127,7 +127,7 @@ def _not_a_checkpoint(tmp_path):
         (lambda p: ["sample", "--checkpoint", _not_a_checkpoint(p)], "not a TinyDiT checkpoint"),
         (lambda p: ["sample", "--checkpoint", "CKPT", "--class", "hexagon"], "unknown class 'hexagon'"),
         (lambda p: ["sample", "--checkpoint", "CKPT", "--steps", 0], "--steps must be >= 1"),
-        (lambda p: ["sample", "--checkpoint", "CKPT", "--cfg", -1], "--cfg (the guidance scale) must be >= 0"),
+        (lambda p: ["sample", "--checkpoint", "CKPT", "--cfg", -1], "--cfg-scale (the guidance scale) must be >= 0"),
         (lambda p: ["sample", "--checkpoint", "CKPT", "--out", p / "f.txt"], "use an image file"),
         (lambda p: ["sample", "--checkpoint", "CKPT", "--n", 0, "--out", p / "x.png"], "--n must be >= 1"),
         (lambda p: ["sample", "--checkpoint", "CKPT", "--sampler", "rk4"], "unknown sampler 'rk4': use one of euler"),

@@ -203,17 +203,22 @@ def test_eval_cli_end_to_end_on_a_tiny_checkpoint(tiny_run, tmp_path, capsys, ev
         assert isinstance(metrics[key], float), key
     assert metrics["n_samples"] == 40 and metrics["nfe_per_image"] == 4 and metrics["eval_seconds"] > 0
     assert metrics["sampler"] == {
-        "name": "euler",
+        "sampler": "euler",
         "steps": 2,
-        "cfg": 2.0,
+        "cfg_scale": 2.0,
         "grid": "uniform",
         "shift": None,
         "cfg_interval": None,
+        "eta": None,
+        "rtol": None,
+        "atol": None,
+        "source": metrics["sampler"]["source"],
         "seed": 0,
     }
+    assert metrics["sampler"]["source"].startswith("steps as given, the rest as recorded")
     assert metrics["command"].startswith(f"tinydit eval --checkpoint {ckpt} --n 40")
     report = (tmp_path / "ev" / "report.md").read_text()
-    assert "fid_shapes_cnn" in report and "samples_by_class.png" in report and "- sampler: name euler" in report
+    assert "fid_shapes_cnn" in report and "samples_by_class.png" in report and "- sampler: sampler euler, steps 2, cfg_scale 2.0" in report
 
     # the same samples written to .npz evaluate to the same numbers (eval generates in fp32)
     assert (

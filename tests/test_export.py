@@ -25,6 +25,7 @@ from tinydit.flow.generate import generate
 from tinydit.flow.grids import uniform_grid
 from tinydit.flow.guidance import Velocity
 from tinydit.flow.samplers import ancestral
+from tinydit.flow.settings import SamplingSettings
 from tinydit.images import to_uint8 as torch_to_uint8
 from tinydit.models.checkpoint import load_model
 from tinydit.models.dit import DiTConfig
@@ -132,7 +133,7 @@ def test_the_torch_free_sampler_draws_what_tinydit_sample_draws(name, sampler, o
         if c.cond == "class"
         else torch.from_numpy(onnx.encode(["a red circle on a blue background"] * 8))
     )
-    ref = generate(model, y, steps=6, cfg_scale=2.5, seed=3, sampler=sampler, **options).x
+    ref = generate(model, y, SamplingSettings(sampler, 6, 2.5, **options), seed=3).x
     noise = torch.randn(8, c.in_channels, c.img_size, c.img_size, generator=torch.Generator().manual_seed(3))
     x = onnx.sample(noise.numpy(), y.numpy(), steps=6, cfg_scale=2.5, sampler=sampler, **options)
     diff = np.abs(to_uint8(x).astype(int) - torch_to_uint8(ref).numpy().astype(int))

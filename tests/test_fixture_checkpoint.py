@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from tinydit.flow.generate import generate
+from tinydit.flow.settings import SamplingSettings
 from tinydit.models.checkpoint import load_model
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -28,6 +29,6 @@ SAMPLERS = {"euler": {}, "heun": {"cfg_interval": (0.1, 0.8)}, "ancestral": {}}
 def test_an_old_checkpoint_samples_the_same_pictures(name, sampler):
     model, _ = load_model(FIXTURES / f"{name}-0.2m.pt")
     expected = torch.load(FIXTURES / f"{name}-0.2m-samples.pt", weights_only=True)
-    x = generate(model, expected["y"], steps=4, cfg_scale=2.0, seed=0, sampler=sampler, **SAMPLERS[sampler]).x
+    x = generate(model, expected["y"], SamplingSettings(sampler, 4, 2.0, **SAMPLERS[sampler]), seed=0).x
     assert x.abs().max() > 0.3  # a real picture, not an untrained model's near-zeros
     torch.testing.assert_close(x, expected[sampler], rtol=0, atol=TOLERANCE)

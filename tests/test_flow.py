@@ -12,6 +12,7 @@ from tinydit.flow.generate import class_cycle, generate
 from tinydit.flow.grids import time_grid
 from tinydit.flow.guidance import guided_velocity
 from tinydit.flow.samplers import sample
+from tinydit.flow.settings import SamplingSettings
 from tinydit.models.dit import DiT, DiTConfig
 
 
@@ -111,9 +112,10 @@ def test_same_seed_same_samples_different_seed_different():
     for p in model.parameters():
         p.data.add_(0.05 * torch.randn_like(p))
     y = class_cycle(6, 10)
-    a = generate(model, y, steps=3, cfg_scale=2.0, seed=7, batch_size=4).x
-    b = generate(model, y, steps=3, cfg_scale=2.0, seed=7, batch_size=6).x
-    c = generate(model, y, steps=3, cfg_scale=2.0, seed=8).x
+    euler = SamplingSettings("euler", 3, 2.0)
+    a = generate(model, y, euler, seed=7, batch_size=4).x
+    b = generate(model, y, euler, seed=7, batch_size=6).x
+    c = generate(model, y, euler, seed=8).x
     assert torch.allclose(a, b, atol=1e-5)  # independent of batching
     assert not torch.allclose(a, c)
 

@@ -174,6 +174,7 @@ def test_a_one_step_model_samples_the_same_in_onnx(meanflow_run, tmp_path):
     from tinydit.export import export
     from tinydit.export.ort_sampler import OnnxSampler, to_uint8
     from tinydit.flow.generate import generate
+    from tinydit.flow.settings import SamplingSettings
     from tinydit.images import to_uint8 as torch_to_uint8
 
     ckpt = meanflow_run[1] / "checkpoint.pt"
@@ -182,7 +183,7 @@ def test_a_one_step_model_samples_the_same_in_onnx(meanflow_run, tmp_path):
     settings = onnx.meta["sampler"]
     assert (settings["sampler"], settings["steps"], settings["cfg_scale"]) == ("euler", 1, 1.0)
     y = torch.arange(8) % model.config.n_classes
-    ref = generate(model, y, steps=1, cfg_scale=1.0, seed=3, sampler="euler").x
+    ref = generate(model, y, SamplingSettings.from_json(settings), seed=3).x
     noise = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(3))
     x = onnx.sample(noise.numpy(), y.numpy(), steps=1, cfg_scale=1.0, sampler="euler")
     assert abs(to_uint8(x).astype(int) - torch_to_uint8(ref).numpy().astype(int)).max() <= 1

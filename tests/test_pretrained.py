@@ -12,7 +12,7 @@ import tinydit
 from tinydit import api
 from tinydit.cli import main
 from tinydit.errors import TinyDiTError
-from tinydit.flow.records import recorded_sampling
+from tinydit.flow.settings import SamplingSettings
 from tinydit.models.checkpoint import load_model
 from tinydit.models.pretrained import CARD, CONFIG, WEIGHTS
 
@@ -53,7 +53,7 @@ def test_the_config_and_the_card_say_what_the_model_is_and_how_to_use_it(folders
     state = torch.load(FIXTURES / "dit-0.2m.pt", weights_only=True)
     assert config["format"] == "tinydit-pretrained" and config["model_type"] == "dit"
     assert config["model_config"] == state["model_config"] and config["data"] == state["data"]
-    assert config["sampling"] == recorded_sampling(state) and config["sampling"]["source"]
+    assert config["sampling"] == SamplingSettings.from_checkpoint(state).to_json() and config["sampling"]["source"]
     assert "t = 1 is Gaussian noise" in config["time"]
     assert config["weights"] == {"ema": True, "dtype": "float32"} and config["step"] == state["step"]
     card = (folders["dit-0.2m"] / CARD).read_text()

@@ -17,6 +17,7 @@ from tinydit.flow.samplers import (
     check_sampler_args,
     sample,
 )
+from tinydit.flow.settings import SamplingSettings
 
 ORDER = {"euler": 1, "heun": 2, "midpoint": 2, "heun-first": 1}  # the fixed-step samplers and their order
 NFE = {
@@ -254,9 +255,10 @@ def test_ancestral_at_eta_0_is_euler_and_is_seeded_by_generate():
     assert torch.allclose(a.x, b.x, atol=1e-12) and a.nfe == b.nfe
     f = Field(lambda x, t, y: -x, n_classes=4)
     labels = torch.arange(6) % 4
-    one = generate(f, labels, steps=4, seed=3, sampler="ancestral")
-    again = generate(f, labels, steps=4, seed=3, sampler="ancestral")
-    other = generate(f, labels, steps=4, seed=4, sampler="ancestral")
+    ancestral = SamplingSettings("ancestral", 4, 1.0)
+    one = generate(f, labels, ancestral, seed=3)
+    again = generate(f, labels, ancestral, seed=3)
+    other = generate(f, labels, ancestral, seed=4)
     assert torch.equal(one.x, again.x) and not torch.allclose(one.x, other.x) and one.nfe == 4
 
 
@@ -282,10 +284,11 @@ def test_shifted_grid_changes_the_samples_but_not_the_count():
 def test_generate_batches_and_reports_nfe():
     f = Field(lambda x, t, y: -x, n_classes=4)
     y = torch.arange(5) % 4
-    a = generate(f, y, steps=3, cfg_scale=2.0, seed=1, batch_size=2, sampler="heun")
-    b = generate(f, y, steps=3, cfg_scale=2.0, seed=1, sampler="heun")
+    heun = SamplingSettings("heun", 3, 2.0)
+    a = generate(f, y, heun, seed=1, batch_size=2)
+    b = generate(f, y, heun, seed=1)
     assert torch.allclose(a.x, b.x) and a.nfe == b.nfe == 10 and a.x.shape == (5, 1, 2, 2)  # 2 x (2 x 3 - 1)
-    c = generate(f, y, steps=3, seed=1, sampler="dopri5", rtol=1e-5, atol=1e-5)
+    c = generate(f, y, SamplingSettings("dopri5", 3, 1.0, rtol=1e-5, atol=1e-5), seed=1)
     noise = torch.randn(5, 1, 2, 2, generator=torch.Generator().manual_seed(1))
     assert torch.allclose(c.x, noise * math.e, atol=1e-4)  # dx/dt = -x from t = 1 to 0: x(0) = e x(1)
 

@@ -2,6 +2,7 @@
 no sampler flag is given, overridden flag by flag, and replaced by ``tinydit sweep --apply`` without
 touching the weights."""
 
+import dataclasses
 import json
 import re
 import shutil
@@ -13,33 +14,21 @@ from conftest import fast_config
 from tinydit import api
 from tinydit.cli import main
 from tinydit.errors import TinyDiTError
-from tinydit.flow.records import SAMPLING_DEFAULT, SAMPLING_KEYS, read_sampling_records, recommended_sampling
-from tinydit.flow.samplers import check_sampler_args
+from tinydit.flow.settings import SAMPLING_KEYS, SamplingSettings, read_sampling_records, recommended_sampling
 from tinydit.models.checkpoint import load_checkpoint
 from tinydit.models.presets import MODEL_PRESETS
 from tinydit.train import Trainer
 
-HEUN = {
-    "sampler": "heun",
-    "steps": 3,
-    "cfg_scale": 1.5,
-    "grid": "uniform",
-    "shift": None,
-    "cfg_interval": [0.2, 0.9],
-    "eta": None,
-    "rtol": None,
-    "atol": None,
-    "source": "a test",
-}
+HEUN = SamplingSettings("heun", 3, 1.5, cfg_interval=(0.2, 0.9), source="a test")
 
 
 def test_a_checkpoint_records_the_measured_settings_of_its_setup_or_says_it_has_none(tiny_run):
     fmnist = recommended_sampling("fashion-mnist", "dit-1.9m", "class")
-    got = (fmnist["sampler"], fmnist["steps"], fmnist["cfg_scale"], fmnist["cfg_interval"])
-    assert got == ("heun", 6, 3.5, [0.1, 0.8])
-    assert "tinydit sweep" in fmnist["source"]  # the command that measured it
-    assert recommended_sampling("shapes", "mmdit-2.3m", "text")["sampler"] == "ancestral"
-    assert recommended_sampling("fashion-mnist", "dit-1.9m", "class", "distill")["steps"] == 4  # a student's own
+    got = (fmnist.sampler, fmnist.steps, fmnist.cfg_scale, fmnist.cfg_interval)
+    assert got == ("heun", 6, 3.5, (0.1, 0.8))
+    assert "tinydit sweep" in fmnist.source  # the command that measured it
+    assert recommended_sampling("shapes", "mmdit-2.3m", "text").sampler == "ancestral"
+    assert recommended_sampling("fashion-mnist", "dit-1.9m", "class", "distill").steps == 4  # a student's own
     record = load_checkpoint(tiny_run[0] / "checkpoint.pt")["sampling"]  # shapes dit-0.2m: nothing measured
     assert record["sampler"] == "euler" and "not measured" in record["source"]
 
@@ -48,12 +37,12 @@ def test_every_shipped_sampling_record_is_settings_a_sampler_accepts_for_a_prese
     records = read_sampling_records()
     assert len(records) >= 6 and ("shapes", "dit-1.4m", "class") in records
     presets = {name for table in MODEL_PRESETS.values() for name in table}
-    for (data, preset, cond), record in records.items():
+    for (data, preset, cond), settings in records.items():
         assert preset in presets, (data, preset, cond)
-        settings = {k: v for k, v in record.items() if k != "source"}
-        assert set(settings) <= set(SAMPLING_KEYS) and record["source"]
-        check_sampler_args(**{**SAMPLING_DEFAULT, **settings})
-        assert recommended_sampling(data, preset, cond) == {**SAMPLING_DEFAULT, **record}  # what a run records
+        assert isinstance(settings, SamplingSettings) and settings.source  # checked as it was built
+        assert recommended_sampling(data, preset, cond) == settings  # what a run records
+        assert SamplingSettings.from_json(settings.to_json()) == settings  # the checkpoint's record reads back
+    assert set(SAMPLING_KEYS) == set(SamplingSettings().to_json()) - {"source"}
 
 
 @pytest.mark.parametrize(
@@ -109,22 +98,22 @@ def _with_record(tiny_run, tmp_path, record) -> str:
 def test_sample_uses_the_record_and_a_flag_overrides_its_field_alone(tiny_run, tmp_path, capsys):
     ckpt = _with_record(tiny_run, tmp_path, HEUN)
     res = api.sample(ckpt, n=4)
-    assert res.settings["sampler"] == "heun" and res.settings["cfg_interval"] == [0.2, 0.9]
+    assert res.settings.sampler == "heun" and res.settings.cfg_interval == (0.2, 0.9)
     # Heun 3 on the uniform grid, guided on [0.2, 0.9]: t = 1 (1) and its corrector at 2/3 (2), then 2/3 (2) and
     # 1/3 (2), then 1/3 (2) and a plain Euler step to 0: 9 evaluations
     assert res.nfe == 9
-    assert "the checkpoint's recorded settings (a test)" in res.note
+    assert "the checkpoint's recorded settings (a test)" in res.settings.note
     res = api.sample(ckpt, n=4, steps=2)
-    assert (res.settings["sampler"], res.settings["steps"], res.settings["cfg_scale"]) == ("heun", 2, 1.5)
-    assert "steps as given, the rest as recorded" in res.note
+    assert (res.settings.sampler, res.settings.steps, res.settings.cfg_scale) == ("heun", 2, 1.5)
+    assert "steps as given, the rest as recorded" in res.settings.note
     res = api.sample(ckpt, n=4, sampler="euler", steps=4, cfg_scale=1.0)
     assert res.nfe == 4  # every flag given: the record is not used at all
     assert main(["sample", "--checkpoint", ckpt, "--n", 2, "--out", tmp_path / "x.png"]) == 0
     assert "sampling with heun, 3 steps, guidance 1.5 on t in [0.2, 0.9]" in capsys.readouterr().err
     metrics = api.evaluate(checkpoint=ckpt, n=20, out=tmp_path / "eval")
-    assert metrics["sampler"]["name"] == "heun" and "recorded" in metrics["sampler_note"]
-    ancestral = _with_record(tiny_run, tmp_path, {"sampler": "ancestral", "steps": 2, "cfg_scale": 1.0, "eta": 0.8})
-    assert "sampling with ancestral, 2 steps, guidance 1, eta 0.8:" in api.sample(ancestral, n=2).note  # all it uses
+    assert metrics["sampler"]["sampler"] == "heun" and "recorded" in metrics["sampler_note"]
+    ancestral = _with_record(tiny_run, tmp_path, SamplingSettings("ancestral", 2, 1.0, eta=0.8))
+    assert "sampling with ancestral, 2 steps, guidance 1, eta 0.8:" in api.sample(ancestral, n=2).settings.note
 
 
 def test_sweep_apply_records_the_best_within_the_budget_and_never_touches_the_weights(tiny_run, tmp_path, capsys):
@@ -169,12 +158,12 @@ def test_sweep_apply_records_the_best_within_the_budget_and_never_touches_the_we
     Trainer(fast_config(run, steps=8), progress=False).fit()
     api.record_sampling(run / "checkpoint.pt", HEUN)
     Trainer(fast_config(run, steps=10), progress=False).fit()
-    assert load_checkpoint(run / "checkpoint.pt")["sampling"] == HEUN
+    assert load_checkpoint(run / "checkpoint.pt")["sampling"] == HEUN.to_json()
 
 
 def test_the_run_sample_grids_draw_with_the_recorded_settings(tmp_path, monkeypatch):
     """What samples.png shows is what `tinydit sample` draws: the record's sampler, steps, guidance and
-    interval (unless `sample_steps` or `sample_cfg` ask for Euler grids)."""
+    interval, `sample_steps` and `sample_cfg` overriding theirs as `--steps` and `--cfg-scale` would."""
     import tinydit.train.diagnostics as diagnostics
 
     calls = []
@@ -186,11 +175,49 @@ def test_the_run_sample_grids_draw_with_the_recorded_settings(tmp_path, monkeypa
 
     monkeypatch.setattr(diagnostics, "sample", spy)
     trainer = Trainer(fast_config(tmp_path / "a", steps=1, sample_steps=None, sample_cfg=None), progress=False)
-    trainer.sampling = dict(HEUN)
+    trainer.sampling = HEUN
     trainer.fit()
     assert calls == [("heun", 3, 1.5, (0.2, 0.9))]
     calls.clear()
     trainer = Trainer(fast_config(tmp_path / "b", steps=1, sample_steps=2, sample_cfg=4.0), progress=False)
-    trainer.sampling = dict(HEUN)
+    trainer.sampling = HEUN
     trainer.fit()
-    assert calls == [("euler", 2, 4.0, None)]
+    assert calls == [("heun", 2, 4.0, (0.2, 0.9))]
+
+
+def test_sampling_settings_are_checked_once_merged_flag_by_flag_and_read_back_from_json():
+    with pytest.raises(TinyDiTError, match="`steps` must be an integer"):
+        SamplingSettings("euler", 4.0, 1.0)
+    with pytest.raises(TinyDiTError, match="`cfg_scale` .* must be a number"):
+        SamplingSettings("euler", 4, "2")
+    with pytest.raises(TinyDiTError, match="`eta` applies to the stochastic sampler only"):
+        SamplingSettings("heun", 4, 1.0, eta=0.5)
+    with pytest.raises(TinyDiTError, match="unknown sampler settings cfg; known: sampler, steps, cfg_scale"):
+        SamplingSettings.from_json({"sampler": "euler", "steps": 4, "cfg": 2.0})
+    with pytest.raises(TinyDiTError, match="unknown sampler settings scale"):
+        HEUN.with_flags(scale=2.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        HEUN.steps = 8  # one owner: a changed setting is a new record, with its source
+    record = HEUN.to_json()
+    assert record["cfg_interval"] == [0.2, 0.9] and json.loads(json.dumps(record)) == record
+    assert SamplingSettings.from_json(record) == HEUN
+    assert HEUN.with_flags() == dataclasses.replace(HEUN, source="the checkpoint's recorded settings (a test)")
+    euler = HEUN.with_flags(sampler="euler", cfg_scale=None)  # None: not given
+    assert (euler.sampler, euler.steps, euler.cfg_scale, euler.cfg_interval) == ("euler", 3, 1.5, (0.2, 0.9))
+    assert euler.source == "sampler as given, the rest as recorded (a test)"
+    ancestral = SamplingSettings("ancestral", 8, 1.0, eta=0.5, source="a test")
+    assert ancestral.with_flags(sampler="euler").eta is None  # the record's eta belonged to its sampler
+    assert ancestral.with_flags(steps=4).eta == 0.5
+    filled = SamplingSettings("dopri5", 16, 2.0, grid="shifted").filled()
+    assert (filled.shift, filled.rtol, filled.atol, filled.eta) == (3.0, 1e-3, 1e-3, None)
+    assert SamplingSettings("euler", 8, 2.0).filled() == SamplingSettings("euler", 8, 2.0)
+    assert HEUN.note == "sampling with heun, 3 steps, guidance 1.5 on t in [0.2, 0.9]: a test"
+
+
+def test_the_guidance_scale_flag_has_one_name_and_keeps_its_short_alias(tiny_run, tmp_path, capsys):
+    ckpt = tiny_run[0] / "checkpoint.pt"
+    for flag in ("--cfg-scale", "--cfg"):
+        assert main(["sample", "--checkpoint", ckpt, "--n", 2, "--steps", 1, flag, 3, "--out", tmp_path / "a.png"]) == 0
+        assert "guidance 3: cfg_scale, steps as given" in capsys.readouterr().err
+    assert main(["sample", "--checkpoint", ckpt, "--cfg", -1, "--out", tmp_path / "b.png"]) == 2
+    assert "error: --cfg-scale (the guidance scale) must be >= 0" in capsys.readouterr().err

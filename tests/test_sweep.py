@@ -13,7 +13,7 @@ from tinydit.flags import parse_list
 
 def test_points_cover_every_combination_and_dopri5_runs_over_tolerances():
     points = sweep_points(["heun", "dopri5", "heun"], [4, 8], [1.0, 2.0], [1e-2])
-    assert [(p["sampler"], p["steps"], p["tol"], p["cfg"]) for p in points] == [
+    assert [(p["sampler"], p["steps"], p["tol"], p["cfg_scale"]) for p in points] == [
         ("heun", 4, None, 1.0),
         ("heun", 8, None, 1.0),
         ("heun", 4, None, 2.0),
@@ -52,7 +52,7 @@ def test_plot_lines_run_in_order_of_evaluations_and_the_table_in_sweep_order(tmp
             "sampler": "euler",
             "steps": s,
             "tol": None,
-            "cfg": 3.0,
+            "cfg_scale": 3.0,
             "nfe": nfe,
             "fid_fmnist_cnn": fid,
             "feature_net": "fmnist_cnn",
@@ -93,7 +93,7 @@ def test_sweep_cli_writes_the_table_and_the_plot_and_continues(tiny_run, tmp_pat
     assert "| euler | 2 | - | 2 | 4 |" in capsys.readouterr().out  # the markdown table, printed
     with open(out / "sweep.csv") as f:
         rows = list(csv.DictReader(f))
-    assert [(r["sampler"], r["steps"], r["tol"], r["cfg"]) for r in rows] == [
+    assert [(r["sampler"], r["steps"], r["tol"], r["cfg_scale"]) for r in rows] == [
         ("euler", "1", "", "1.0"),
         ("euler", "2", "", "1.0"),
         ("euler", "1", "", "2.0"),
@@ -123,7 +123,7 @@ def test_sweep_cli_writes_the_table_and_the_plot_and_continues(tiny_run, tmp_pat
         (["--steps", "4,x"], "--steps takes a comma-separated list"),
         (["--samplers", "euler,rk4"], "unknown sampler 'rk4'"),
         (["--n", "5"], "--n 5 is too few samples"),
-        (["--cfg", "-1"], "--cfg (the guidance scale) must be >= 0"),
+        (["--cfg", "-1"], "--cfg-scale (the guidance scale) must be >= 0"),
         (["--samplers", "dopri5", "--tols", "0"], "--tols must be positive"),
         (["--cfg-interval", "0.5", "0.2"], "needs 0 <= LO <= HI <= 1"),
         (["--shift", "2"], "--shift applies to the shifted grid only"),

@@ -40,8 +40,8 @@ from tinydit.files import RunDirLock, ensure_writable_dir
 from tinydit.flow.distill import warn_if_untrained_settings
 from tinydit.flow.generate import generate, resolve_labels, resolve_prompts, sample_conditions
 from tinydit.flow.grids import GRID_NAMES
-from tinydit.flow.records import SAMPLING_KEYS, recorded_sampling, split_sampling
-from tinydit.flow.samplers import SAMPLER_NAMES, check_sampler_args
+from tinydit.flow.samplers import SAMPLER_NAMES
+from tinydit.flow.settings import SamplingSettings
 from tinydit.models import checkpoint as checkpoints
 from tinydit.models.pretrained import reference_folder
 from tinydit.models.registry import preset_rows
@@ -104,37 +104,12 @@ class Samples:
     nfe: int | float  # model evaluations per image
     seconds: float  # wall time of the sampling
     path: Path | None  # where they were written, if ``out`` was given
-    settings: dict | None = None  # the sampler settings used (``resolve_sampling``)
-    note: str = ""  # which settings those were, and why
-
-
-def resolve_sampling(state: dict, **given) -> tuple[dict, str]:
-    """The settings to sample a checkpoint with: each one given (not None) wins, the rest come from the
-    checkpoint's record (``tinydit.flow.records.recorded_sampling``). Returns them and a line saying which
-    and why."""
-    record = recorded_sampling(state)
-    given = {k: v for k, v in given.items() if v is not None}
-    settings = {k: given.get(k, record.get(k)) for k in SAMPLING_KEYS}
-    if "sampler" in given and given["sampler"] != record.get("sampler"):
-        for k in ("eta", "rtol", "atol"):  # the record's own options belong to the record's sampler
-            settings[k] = given.get(k)
-    what = f"{settings['sampler']}, {settings['steps']} steps, guidance {settings['cfg_scale']:g}"
-    if settings["cfg_interval"] and settings["cfg_scale"] != 1:
-        what += f" on t in [{settings['cfg_interval'][0]:g}, {settings['cfg_interval'][1]:g}]"
-    if settings["grid"] not in (None, "uniform"):
-        what += f", {settings['grid']} grid" + (f" (shift {settings['shift']:g})" if settings["shift"] else "")
-    what += "".join(f", {k} {settings[k]:g}" for k in ("eta", "rtol", "atol") if settings[k] is not None)
-    why = (
-        f"the checkpoint's recorded settings ({record.get('source', 'no source')})"
-        if not given
-        else f"{', '.join(sorted(given))} as given, the rest as recorded ({record.get('source', 'no source')})"
-    )
-    return settings, f"sampling with {what}: {why}"
+    settings: SamplingSettings | None = None  # the sampler settings used; ``settings.note`` says why those
 
 
 def sampling_note(checkpoint: str | Path) -> str:
     """The line saying which settings sampling ``checkpoint`` uses, and why."""
-    return resolve_sampling(checkpoints.load_checkpoint(checkpoint))[1]
+    return SamplingSettings.from_checkpoint(checkpoints.load_checkpoint(checkpoint)).with_flags().note
 
 
 def sample(
@@ -173,30 +148,20 @@ def sample(
     device = world.device(resolve_device(device))
     precision = resolve_precision(precision, device)
     model, state = checkpoints.load_model(checkpoint, ema=ema, map_location=device)
-    settings, note = resolve_sampling(state, sampler=sampler, steps=steps, cfg_scale=cfg_scale, **options)
-    sampler, steps, cfg_scale, options = split_sampling(settings)
-    check_sampler_args(steps, cfg_scale, sampler, **options)
+    settings = SamplingSettings.from_checkpoint(state).with_flags(
+        sampler=sampler, steps=steps, cfg_scale=cfg_scale, **options
+    )
     out = check_output(out) if out is not None and world.main else None  # created once the checkpoint has loaded
-    warn_if_untrained_settings(state, sampler, steps, cfg_scale, options.get("grid", "uniform"))
+    warn_if_untrained_settings(state, settings)
     forward = maybe_compile(model, resolve_compile(compile, device))
     y, labels, names, nrow = sample_conditions(checkpoint, state, n, classes, prompts, unconditional, nrow)
     started = time.perf_counter()
     with autocast(device, precision):
-        res = generate(
-            forward,
-            y,
-            steps=steps,
-            cfg_scale=cfg_scale,
-            seed=seed,
-            sampler=sampler,
-            progress=progress,
-            world=world,
-            **options,
-        )
+        res = generate(forward, y, settings, seed, progress=progress, world=world)
     x = res.x.float()
     if out is not None:
         write_samples(x, labels, out, names, nrow=nrow)
-    return Samples(x, labels, names, res.nfe, time.perf_counter() - started, out, settings, note)
+    return Samples(x, labels, names, res.nfe, time.perf_counter() - started, out, settings)
 
 
 def evaluate(
@@ -237,13 +202,14 @@ def evaluate(
     world = distributed.init(resolve_device(device))
     if checkpoint is not None:
         state = checkpoints.load_checkpoint(checkpoint)
-        settings, note = resolve_sampling(state, sampler=sampler, steps=steps, cfg_scale=cfg_scale, **options)
-        sampler, steps, cfg_scale, options = split_sampling(settings)
-        dev, common = world.device(resolve_device(device)), dict(sampler=sampler, progress=progress, world=world)
-        images, labels, data, classes, extra = generate_for_eval(
-            state, n, steps, cfg_scale, seed, dev, data, **common, **options
+        settings = SamplingSettings.from_checkpoint(state).with_flags(
+            sampler=sampler, steps=steps, cfg_scale=cfg_scale, **options
         )
-        extra["sampler_note"] = note
+        dev = world.device(resolve_device(device))
+        images, labels, data, classes, extra = generate_for_eval(
+            state, n, settings, seed, dev, data, progress=progress, world=world
+        )
+        extra["sampler_note"] = settings.note
     if not world.main:  # rank 0 alone scores and writes
         return {}
     if checkpoint is None:
@@ -265,7 +231,7 @@ def sweep(
     out: str | Path,
     samplers=("euler", "heun"),
     steps=(4, 8, 16, 32),
-    cfgs=(1.0, 2.0),
+    cfg_scales=(1.0, 2.0),
     tols=(1e-2, 1e-3),
     *,
     device: str | torch.device = "auto",
@@ -284,7 +250,7 @@ def sweep(
         out,
         samplers=list(samplers),
         steps=list(steps),
-        cfgs=list(cfgs),
+        cfg_scales=list(cfg_scales),
         tols=list(tols),
         device=resolve_device(device),
         **kwargs,
@@ -294,15 +260,19 @@ def sweep(
     return rows
 
 
-def record_sampling(checkpoint: str | Path, record: dict) -> None:
-    """Write ``record`` as the checkpoint's sampler settings, atomically; everything else stays as it was.
+def record_sampling(checkpoint: str | Path, settings: SamplingSettings) -> None:
+    """Write ``settings`` as the checkpoint's sampler settings, atomically; everything else stays as it was.
     A run that is training is refused (its next save would write its own record back)."""
     path = Path(checkpoint)
     lock = RunDirLock(path.parent).acquire()
     try:
         state = checkpoints.load_checkpoint(path)
         save_checkpoint(
-            path, {**{k: v for k, v in state.items() if k not in ("format", "format_version")}, "sampling": record}
+            path,
+            {
+                **{k: v for k, v in state.items() if k not in ("format", "format_version")},
+                "sampling": settings.to_json(),
+            },
         )
     finally:
         lock.release()

@@ -2,10 +2,10 @@
 ``tinydit.api``; everything it does is one call from Python.
 
     tinydit train   --data shapes|fashion-mnist|cifar10|PATH --model dit|mmdit --preset NAME --minutes M --out DIR
-    tinydit sample  --checkpoint FILE --n N --sampler NAME --steps S --cfg G --out FILE.png|FILE.npz|DIR
+    tinydit sample  --checkpoint FILE --n N --sampler NAME --steps S --cfg-scale G --out FILE.png|FILE.npz|DIR
                     [--class NAME ... | --prompt TEXT ...]
     tinydit eval    --checkpoint FILE | --samples FILE.npz|DIR  --data fashion-mnist|shapes --n N --out DIR
-    tinydit sweep   --checkpoint FILE --samplers euler,heun --steps 4,8,16 --cfg 1,2 --n N --out DIR
+    tinydit sweep   --checkpoint FILE --samplers euler,heun --steps 4,8,16 --cfg-scale 1,2 --n N --out DIR
     tinydit presets
     tinydit report  RUN_DIR
     tinydit export  --checkpoint FILE --format onnx|pt2|web|safetensors --out FILE|DIR
@@ -53,9 +53,9 @@ TRAIN_HELP = "train a DiT or an MMDiT (re-running the same command continues the
 
 CHECKPOINT_HELP = ("checkpoint.pt written by `tinydit train`, its run directory, or a pretrained folder "
                    "(`tinydit export --format safetensors`)")
-# Every flag of the other commands, once: dest -> (flag, argparse keywords). Sampler settings are checked by
-# the library, not by argparse, so a bad value is one clear line; None: the checkpoint's recorded setting.
-FLAGS: dict[str, tuple[str, dict]] = {
+# Every flag of the other commands, once: dest -> (flag or (flag, alias), argparse keywords). Sampler settings are
+# checked by the library, not by argparse, so a bad value is one clear line; None: the checkpoint's recorded setting.
+FLAGS: dict[str, tuple[str | tuple[str, str], dict]] = {
     "checkpoint": ("--checkpoint", dict(help=CHECKPOINT_HELP)),
     "pretrained": ("--pretrained", dict(metavar="NAME", help="a reference model shipped with tinydit (e.g. shapes)")),
     "samples": ("--samples", dict(help="evaluate existing samples: an .npz (images, labels) or a folder of images")),
@@ -66,7 +66,7 @@ FLAGS: dict[str, tuple[str, dict]] = {
     "unconditional": ("--unconditional", dict(action="store_true", help="images of no class or caption (the null "
                                               "label, the empty caption); an empty --prompt is refused without it")),
     "n": ("--n", dict(type=int, help="number of images (default 64); text models: images per prompt (default 8)")),
-    "cfg_scale": ("--cfg", dict(type=float, help="classifier-free guidance scale (1 = off)")),
+    "cfg_scale": (("--cfg-scale", "--cfg"), dict(type=float, help="classifier-free guidance scale (1 = off)")),
     "sampler": ("--sampler", dict(help=f"{' | '.join(api.SAMPLER_NAMES)} (the guide's Sampling page); default: the "
                                        "checkpoint's recorded settings, for this and every sampler flag not given")),
     "steps": ("--steps", dict(type=int, help="steps of a fixed-step sampler (heun and midpoint evaluate twice per "
@@ -98,7 +98,7 @@ FLAGS: dict[str, tuple[str, dict]] = {
     "cache_dir": ("--cache-dir", dict(default=str(api.DEFAULT_CACHE), help="where reference features are cached")),
     "samplers": ("--samplers", dict(default="euler,heun", help=f"comma-separated: {', '.join(api.SAMPLER_NAMES)}")),
     "tols": ("--tols", dict(default="1e-2,1e-3", help="comma-separated tolerances, rtol = atol (dopri5)")),
-    "cfgs": ("--cfg", dict(default="1,2", help="comma-separated guidance scales (1 = off)")),
+    "cfg_scales": (("--cfg-scale", "--cfg"), dict(default="1,2", help="comma-separated guidance scales (1 = off)")),
     "batch_size": ("--batch-size", dict(type=int, default=256, help="images per forward pass")),
     "apply": ("--apply", dict(action="store_true", help="record the best setting within --max-nfe in the checkpoint: "
                                                         "sample and eval then use it")),
@@ -134,7 +134,7 @@ COMMANDS: dict[str, tuple[str, tuple, dict]] = {
                                       "them"),
               "out": dict(help="directory for metrics.json, report.md and a sample grid")}),
     "sweep": ("quality against model evaluations across samplers, steps and guidance",
-              ("checkpoint", "samplers", "steps", "tols", "cfgs", *GRID_FLAGS, "n", "seed", "split",
+              ("checkpoint", "samplers", "steps", "tols", "cfg_scales", *GRID_FLAGS, "n", "seed", "split",
                "data_root", "cache_dir", "batch_size", "device", "ema", "out", "progress", "apply", "max_nfe"),
               {"checkpoint": dict(required=True, help="checkpoint.pt of a fashion-mnist or shapes run (class or text)"),
                "steps": dict(type=str, default="4,8,16,32", help="comma-separated step counts (fixed-step samplers)"),
@@ -171,13 +171,14 @@ def _add_command(sub, name: str) -> None:
         group = p.add_mutually_exclusive_group(required=True) if isinstance(item, tuple) else p
         for dest in item if isinstance(item, tuple) else (item,):
             flag, kw = FLAGS[dest]
-            if not flag.startswith("-"):  # a positional argument
+            names = (flag,) if isinstance(flag, str) else flag
+            if not names[0].startswith("-"):  # a positional argument
                 group.add_argument(flag, **kw)
                 continue
             kw = {"default": None, **kw, **own.get(dest, {})}
             if kw.get("action") in ("store_true", "store_false"):
                 kw["default"] = kw["action"] == "store_false"
-            group.add_argument(flag, **{"dest": dest, **kw})
+            group.add_argument(*names, **{"dest": dest, **kw})
     p.set_defaults(func=globals()[f"cmd_{name}"])
 
 
@@ -207,8 +208,8 @@ def cmd_sample(args: argparse.Namespace) -> int:
     res = _call(api.sample, args, progress=True)
     if distributed.rank():  # rank 0 alone reports
         return 0
-    cost = f"{res.settings['sampler']}, {res.nfe:g} model evaluations per image, {res.seconds:.1f} s"
-    print(f"{res.note}\nwrote {len(res.x)} samples to {res.path} ({cost})", file=sys.stderr)
+    cost = f"{res.settings.sampler}, {res.nfe:g} model evaluations per image, {res.seconds:.1f} s"
+    print(f"{res.settings.note}\nwrote {len(res.x)} samples to {res.path} ({cost})", file=sys.stderr)
     return 0
 
 
@@ -222,8 +223,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    kinds = {"samplers": str, "steps": int, "cfgs": float, "tols": float}  # comma-separated lists
-    lists = {name: parse_list(getattr(args, name), kind, FLAGS[name][0]) for name, kind in kinds.items()}
+    kinds = {"samplers": str, "steps": int, "cfg_scales": float, "tols": float}  # comma-separated lists
+    lists = {name: parse_list(getattr(args, name), kind, f"`{name}`") for name, kind in kinds.items()}  # main: its flag
     rows = _call(api.sweep, args, command=_command(args), **lists)
     with open(f"{args.out}/sweep.md") as f:
         print(f.read(), end="")

@@ -185,7 +185,7 @@ class TrainConfig:
     val_size: int = 512  # held-out images used for the validation loss
     sample_every: int = 500  # steps between sample grids (samples/step_NNNNNN.png)
     ckpt_every: int = 500  # steps between checkpoints (always one at the end, and on Ctrl-C)
-    sample_steps: int | None = None  # sample grids: Euler steps; None (with `sample_cfg`): the recorded sampler
+    sample_steps: int | None = None  # sample grids: the recorded sampler's steps replaced (as `tinydit sample --steps`)
     sample_cfg: float | None = None  # sample grids: guidance scale; None: the recorded one (what `tinydit sample` uses)
     # Evaluation during training: every `eval_every` steps (0: never) and at the end, `eval_n` class-balanced
     # EMA samples (the recorded sampler settings) scored with the offline metrics (tinydit.eval), into

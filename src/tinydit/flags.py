@@ -99,11 +99,11 @@ class Parser(argparse.ArgumentParser):
 
 
 def flags_of(parser: argparse.ArgumentParser, command: str) -> dict[str, str]:
-    """Parameter name -> the flag that sets it in ``command`` (``cfg_scale`` -> ``--cfg`` in sample)."""
+    """Parameter name -> the flag that sets it in ``command`` (``cfg_scale`` -> ``--cfg-scale`` in sample)."""
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
     flags = {a.dest: a.option_strings[0] for a in sub._actions if a.option_strings and a.dest != "help"}
-    if "cfgs" in flags:  # sweep: --cfg holds a list of guidance scales, each checked as `cfg_scale`
-        flags["cfg_scale"] = flags["cfgs"]
+    if "cfg_scales" in flags:  # sweep: --cfg-scale holds a list of guidance scales, each checked as `cfg_scale`
+        flags["cfg_scale"] = flags["cfg_scales"]
     return flags
 
 

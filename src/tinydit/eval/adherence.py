@@ -22,6 +22,7 @@ import torch
 from tinydit.data.shapes import COLORS, GRID_PROMPTS, SHAPES, caption, read_shape
 from tinydit.data.text import holds_phrase
 from tinydit.flow.generate import generate
+from tinydit.flow.settings import SamplingSettings
 from tinydit.images import to_uint8
 
 __all__ = [
@@ -130,22 +131,20 @@ def measure(
     holdout: Sequence[str],
     n_seen: int,
     n_held_out: int,
-    steps: int = 32,
-    cfg_scale: float = 2.0,
+    settings: SamplingSettings,
     seed: int = 0,
     with_confusion: bool = False,
-    **sampler_options,
 ) -> dict[str, dict] | tuple[dict[str, dict], dict[str, dict[str, int]]]:
     """Generate n_seen images for seen prompts and n_held_out for held-out ones (if any are held out),
-    and ``score`` them. The noise is fixed by ``seed``, so two models are compared on the same noise.
-    With ``with_confusion`` also return ``shape_confusion`` of the same images."""
+    drawn with ``settings``, and ``score`` them. The noise is fixed by ``seed``, so two models are compared
+    on the same noise. With ``with_confusion`` also return ``shape_confusion`` of the same images."""
 
     attrs = prompts_for(n_seen, holdout, "seen")
     if holdout and n_held_out:
         attrs += prompts_for(n_held_out, holdout, "held_out")
     device = next(model.parameters()).device
     ids = tokenizer.encode([caption(a) for a in attrs]).to(device)  # (N, L)
-    images = generate(model, ids, steps=steps, cfg_scale=cfg_scale, seed=seed, **sampler_options).x
+    images = generate(model, ids, settings, seed).x
     result = score(images, attrs, holdout)
     if with_confusion:
         return result, shape_confusion(images, attrs)

@@ -17,7 +17,7 @@ from tinydit.errors import TinyDiTError
 from tinydit.eval.features import FEATURE_NETS, extract, load_feature_net
 from tinydit.eval.sampling import sample_for_eval
 from tinydit.eval.shape_fit import strict_scores
-from tinydit.flow.records import recorded_sampling, split_sampling
+from tinydit.flow.settings import SamplingSettings
 from tinydit.images import to_uint8
 from tinydit.models.checkpoint import load_model
 
@@ -41,9 +41,8 @@ def check_model(checkpoint, n: int, seed: int = 0, steps: int | None = None) -> 
     recorded sampler settings (``steps`` of them, if given: a cheaper check), scored as above. Text models
     are asked every shape x colour x background prompt in turn, as ``tinydit eval`` asks them."""
     model, state = load_model(checkpoint)
-    sampler, recorded_steps, cfg_scale, options = split_sampling(recorded_sampling(state))
     x, labels, info = sample_for_eval(
-        model, state, n, steps or recorded_steps, cfg_scale, seed, sampler=sampler, **options
+        model, state, n, SamplingSettings.from_checkpoint(state).with_flags(steps=steps), seed
     )
     if tokenizer_of(state) is None:
         return check_scores(to_uint8(x), labels, state["data"]["name"])

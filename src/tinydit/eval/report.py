@@ -55,8 +55,9 @@ def write_report(
         "",
     ]
     if isinstance(metrics.get("sampler"), dict):
-        settings = ", ".join(f"{k} {v}" for k, v in metrics["sampler"].items() if v is not None)
-        lines += [f"- sampler: {settings}"]
+        sampler = metrics["sampler"]
+        settings = ", ".join(f"{k} {v}" for k, v in sampler.items() if v is not None and k != "source")
+        lines += [f"- sampler: {settings}" + (f" ({sampler['source']})" if sampler.get("source") else "")]
     for name, net in metrics.get("feature_nets", {}).items():
         what = "standard FID Inception" if name == "inception" else "offline feature network, not Inception"
         acc = f", test accuracy {net['test_accuracy']}" if net.get("test_accuracy") is not None else ""

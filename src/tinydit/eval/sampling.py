@@ -18,7 +18,8 @@ from tinydit.eval.adherence import flatten, prompts_for, score, shape_accuracy
 from tinydit.eval.evaluate import DEFAULT_CACHE, eval_spec, evaluate
 from tinydit.eval.shape_fit import strict_scores
 from tinydit.flow.distill import warn_if_untrained_settings
-from tinydit.flow.generate import class_cycle, generate, sampler_settings
+from tinydit.flow.generate import class_cycle, generate
+from tinydit.flow.settings import SamplingSettings
 from tinydit.models.checkpoint import load_model
 
 __all__ = ["eval_conditions", "generate_for_eval", "sample_for_eval", "score_model"]
@@ -56,72 +57,54 @@ def eval_conditions(state: dict, n: int) -> tuple[torch.Tensor, torch.Tensor, li
 def generate_for_eval(
     checkpoint: str | Path | dict,
     n: int,
-    steps: int,
-    cfg_scale: float,
+    settings: SamplingSettings,
     seed: int,
     device: torch.device,
     data: str | None,
     *,
-    sampler: str = "euler",
     progress: bool = False,
     world: World = SINGLE,
-    **options,
 ) -> tuple[torch.Tensor, torch.Tensor, str, list[str], dict]:
     """n class-balanced samples from a checkpoint: images, labels, data set, classes, sampler info.
 
     Generation runs in fp32 on every device (unlike ``tinydit sample``'s bf16 default where that is
     faster), so scores compare across machines.
 
-    ``sampler`` and ``options`` (grid, shift, cfg_interval; rtol, atol) go to ``tinydit.flow.samplers.generate``;
-    the info records them in full, defaults included. For a text model trained on shapes the info also
-    holds the prompt-adherence scores of the samples (``adherence_*``, ``tinydit.eval.adherence``).
+    The info records the sampler ``settings`` in full, defaults included. For a text model trained on
+    shapes it also holds the prompt-adherence scores of the samples (``adherence_*``,
+    ``tinydit.eval.adherence``).
     """
 
-    settings = sampler_settings(sampler, steps, cfg_scale, **options)  # checks them before any work
     if n < 1:
         raise TinyDiTError(f"`n` must be >= 1, got {n}")
     model, state = load_model(checkpoint, map_location=device)
-    warn_if_untrained_settings(state, sampler, steps, cfg_scale, options.get("grid") or "uniform")
+    warn_if_untrained_settings(state, settings)
     trained_on = state["data"]["name"]
     if data is not None and canonical_name(data) != trained_on:
         where = "the checkpoint" if isinstance(checkpoint, dict) else checkpoint
         raise TinyDiTError(f"{where} was trained on {trained_on}, not {data}; drop `data`")
     eval_spec(trained_on)
-    x, labels, info = sample_for_eval(
-        model, state, n, steps, cfg_scale, seed, sampler=sampler, progress=progress, world=world, **options
-    )
-    return x, labels, trained_on, state["data"]["classes"], {**info, "sampler": {**settings, "seed": seed}}
+    x, labels, info = sample_for_eval(model, state, n, settings, seed, progress=progress, world=world)
+    sampler = {**settings.filled().to_json(), "seed": seed}
+    return x, labels, trained_on, state["data"]["classes"], {**info, "sampler": sampler}
 
 
 def sample_for_eval(
     model,
     state: dict,
     n: int,
-    steps: int,
-    cfg_scale: float,
+    settings: SamplingSettings,
     seed: int,
     *,
-    sampler: str = "euler",
     progress: bool = False,
     world: World = SINGLE,
-    **options,
 ) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """n class-balanced samples of ``model`` (``state``: its checkpoint dict, or one with the same
     ``data``, ``tokenizer`` and ``train_config``): images, labels and info (model evaluations per image,
     seconds; for a shapes text model the prompt-adherence scores, ``adherence_*``)."""
     y, labels, attrs = eval_conditions(state, n)
     started = time.perf_counter()
-    res = generate(
-        model,
-        y,
-        steps=steps,
-        cfg_scale=cfg_scale,
-        seed=seed,
-        sampler=sampler,
-        progress=progress,
-        world=world,
-        **options,
-    )
+    res = generate(model, y, settings, seed, progress=progress, world=world)
     info = {"nfe_per_image": res.nfe, "generation_seconds": time.perf_counter() - started}
     if attrs is not None:
         holdout = parse_phrases(state["train_config"].get("holdout") or "")
@@ -139,15 +122,15 @@ def score_model(
     model,
     state: dict,
     n: int,
-    steps: int,
-    cfg_scale: float,
+    settings: SamplingSettings,
     seed: int = 0,
     root: str | Path = "data",
     cache_dir: str | Path | None = DEFAULT_CACHE,
-    **options,
+    *,
+    progress: bool = False,
 ) -> dict:
     """``sample_for_eval``'s samples scored with the offline metrics against the test split: one flat dict
     of numbers (what evaluation during training logs)."""
-    x, labels, info = sample_for_eval(model, state, n, steps, cfg_scale, seed, **options)
+    x, labels, info = sample_for_eval(model, state, n, settings, seed, progress=progress)
     metrics = evaluate(x.float(), labels, state["data"]["name"], root=root, cache_dir=cache_dir)
     return {k: v for k, v in {**metrics, **info}.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}

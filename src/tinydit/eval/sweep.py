@@ -33,21 +33,23 @@ from tinydit.eval.metrics import MIN_SAMPLES
 from tinydit.eval.plot import MARKERS, line_plot
 from tinydit.eval.sampling import eval_conditions
 from tinydit.files import ensure_writable_dir, write_text
-from tinydit.flow.generate import generate, sampler_settings
-from tinydit.flow.records import SAMPLING_DEFAULT
+from tinydit.flow.generate import generate
 from tinydit.flow.samplers import SAMPLER_NAMES
+from tinydit.flow.settings import SamplingSettings
 from tinydit.models.checkpoint import load_model
 from tinydit.progress import Progress
 
 __all__ = ["sweep_points", "run_sweep", "write_sweep", "sweep_rows", "best_setting", "DOPRI5_FIRST_STEPS"]
 
 DOPRI5_FIRST_STEPS = 16  # dopri5's first trial step is 1/16; it adapts from there
+# in sweep.json's settings: rows of an older sweep.json (another format) are sampled again, not reused
+SWEEP_FORMAT = 2
 # the table's columns; {net} stands for the feature network's name, as in `tinydit eval`'s metrics
 COLUMNS = (
     "sampler",
     "steps",
     "tol",
-    "cfg",
+    "cfg_scale",
     "nfe",
     "fid_{net}",
     "kid_{net}_mean",
@@ -58,35 +60,31 @@ COLUMNS = (
 )
 
 
-def sweep_points(samplers: list[str], steps: list[int], cfgs: list[float], tols: list[float]) -> list[dict]:
-    """The combinations, in table order: {sampler, steps, tol, cfg}; dopri5 runs over ``tols`` instead of steps."""
+def sweep_points(samplers: list[str], steps: list[int], cfg_scales: list[float], tols: list[float]) -> list[dict]:
+    """The combinations, in table order: {sampler, steps, tol, cfg_scale}; dopri5 runs over ``tols`` instead of
+    steps."""
     if any(not (math.isfinite(tol) and tol > 0) for tol in tols):
         raise TinyDiTError(f"`tols` must be positive numbers such as 1e-2,1e-3, got {','.join(map(str, tols))}")
     points = []
     for name in dict.fromkeys(samplers):  # in the given order, each once
         if name not in SAMPLER_NAMES:
             raise TinyDiTError(f"unknown sampler {name!r} in `samplers`: use some of {', '.join(SAMPLER_NAMES)}")
-        for cfg in dict.fromkeys(cfgs):
+        for scale in dict.fromkeys(cfg_scales):
             if name == "dopri5":
-                points += [{"sampler": name, "steps": None, "tol": tol, "cfg": cfg} for tol in dict.fromkeys(tols)]
+                points += [
+                    {"sampler": name, "steps": None, "tol": tol, "cfg_scale": scale} for tol in dict.fromkeys(tols)
+                ]
             else:
-                points += [{"sampler": name, "steps": s, "tol": None, "cfg": cfg} for s in dict.fromkeys(steps)]
+                points += [{"sampler": name, "steps": s, "tol": None, "cfg_scale": scale} for s in dict.fromkeys(steps)]
     return points
 
 
-def _sampler_kwargs(point: dict, options: dict) -> dict:
-    """The keywords of ``generate`` for one combination."""
+def _settings_of(point: dict, grid: dict) -> SamplingSettings:
+    """The sampler settings of one combination on the sweep's ``grid`` (grid, shift, cfg_interval), checked."""
     steps = DOPRI5_FIRST_STEPS if point["steps"] is None else point["steps"]  # 0 is refused, not replaced
-    kwargs = {"steps": steps, "cfg_scale": point["cfg"], "sampler": point["sampler"], **options}
-    if point["tol"] is not None:
-        kwargs.update(rtol=point["tol"], atol=point["tol"])
-    return kwargs
-
-
-def _settings_of(kwargs: dict) -> dict:
-    """The full, checked sampler settings of ``generate`` keywords."""
-    rest = {k: v for k, v in kwargs.items() if k not in ("sampler", "steps", "cfg_scale")}
-    return sampler_settings(kwargs["sampler"], kwargs["steps"], kwargs["cfg_scale"], **rest)
+    return SamplingSettings(
+        point["sampler"], steps, point["cfg_scale"], **grid, rtol=point["tol"], atol=point["tol"], source="a sweep"
+    )
 
 
 def run_sweep(
@@ -94,7 +92,7 @@ def run_sweep(
     out: str | Path,
     samplers: list[str],
     steps: list[int],
-    cfgs: list[float],
+    cfg_scales: list[float],
     tols: list[float] = (1e-2, 1e-3),
     n: int = 1000,
     seed: int = 0,
@@ -113,7 +111,8 @@ def run_sweep(
     """Generate and score every combination (see the module docstring); returns the rows."""
     grid = "uniform" if grid is None else grid
     options = {"grid": grid, "shift": shift, "cfg_interval": cfg_interval}
-    points = _checked_points(sweep_points(samplers, steps, cfgs, tols), options, n, batch_size)
+    points = sweep_points(samplers, steps, cfg_scales, tols)
+    settings_of = _checked_settings(points, options, n, batch_size)
     out = Path(out)
     model, state = load_model(checkpoint, ema=ema, map_location=device)
     data = state["data"]["name"]
@@ -124,7 +123,7 @@ def run_sweep(
         )
     ensure_writable_dir(out)  # only once the inputs are known good
     settings = {"checkpoint": str(Path(checkpoint).resolve()), "checkpoint_step": state.get("step"), "ema": ema}
-    settings |= {"data": data, "split": split, "n": n, "seed": seed, **options}
+    settings |= {"data": data, "split": split, "n": n, "seed": seed, **options, "format": SWEEP_FORMAT}
     settings["cfg_interval"] = list(cfg_interval) if cfg_interval is not None else None  # as JSON reads it back
     done = _previous_rows(out / "sweep.json", settings)
     reused = sum(json.dumps(p, sort_keys=True) in done for p in points)
@@ -135,13 +134,16 @@ def run_sweep(
     bar = Progress(len(points), "sweep", unit="setting", enabled=progress)
     for point in points:
         key = json.dumps(point, sort_keys=True)
-        bar.set(at=f"{point['sampler']} steps {point['steps'] or '-'} tol {point['tol'] or '-'} cfg {point['cfg']:g}")
+        bar.set(
+            at=f"{point['sampler']} steps {point['steps'] or '-'} tol {point['tol'] or '-'} cfg {point['cfg_scale']:g}"
+        )
         if key in done:
             rows.append(done[key])
             bar.update()
             continue
-        kwargs = _sampler_kwargs(point, options)
-        rows.append(_score_point(model, y, labels, point, kwargs, seed, batch_size, data, split, root, cache_dir))
+        rows.append(
+            _score_point(model, y, labels, point, settings_of[key], seed, batch_size, data, split, root, cache_dir)
+        )
         write_sweep(out, settings, rows, command)
         bar.update()
     bar.close()
@@ -150,11 +152,21 @@ def run_sweep(
 
 
 def _score_point(
-    model, y, labels, point: dict, kwargs: dict, seed: int, batch_size: int, data: str, split: str, root, cache_dir
+    model,
+    y,
+    labels,
+    point: dict,
+    settings: SamplingSettings,
+    seed: int,
+    batch_size: int,
+    data: str,
+    split: str,
+    root,
+    cache_dir,
 ) -> dict:
-    """One row of the sweep: ``point``'s samples (the sampler's ``kwargs``) scored with the offline metrics."""
+    """One row of the sweep: ``point``'s samples (drawn with its ``settings``) scored with the offline metrics."""
     started = time.perf_counter()
-    res = generate(model, y, seed=seed, batch_size=batch_size, **kwargs)
+    res = generate(model, y, settings, seed, batch_size)
     seconds = time.perf_counter() - started
     metrics = evaluate(res.x, labels, data, split=split, root=root, cache_dir=cache_dir)
     scores = {k: v for k, v in metrics.items() if not isinstance(v, dict)}
@@ -164,14 +176,14 @@ def _score_point(
         **scores,
         "sample_seconds": seconds,
         "feature_net": next(iter(metrics["feature_nets"])),
-        "sampler_settings": _settings_of(kwargs),
+        "sampler_settings": settings.filled().to_json(),
     }
 
 
-def _checked_points(points: list[dict], options: dict, n: int, batch_size: int) -> list[dict]:
-    """``points``, once every setting and the sample count are checked, before the first sample is drawn."""
-    for point in points:
-        _settings_of(_sampler_kwargs(point, options))
+def _checked_settings(points: list[dict], grid: dict, n: int, batch_size: int) -> dict[str, SamplingSettings]:
+    """Each point's settings by its key, once every setting and the sample count are checked, before the
+    first sample is drawn."""
+    settings = {json.dumps(p, sort_keys=True): _settings_of(p, grid) for p in points}
     if batch_size < 1:
         raise TinyDiTError(f"`batch_size` must be >= 1, got {batch_size}")
     if n < MIN_SAMPLES:
@@ -179,7 +191,7 @@ def _checked_points(points: list[dict], options: dict, n: int, batch_size: int) 
             f"`n` {n} is too few samples to score; give at least {MIN_SAMPLES} (1000 or more "
             "for FIDs that differ by more than their noise)"
         )
-    return points
+    return settings
 
 
 def _previous_rows(path: Path, settings: dict) -> dict[str, dict]:
@@ -191,7 +203,7 @@ def _previous_rows(path: Path, settings: dict) -> dict[str, dict]:
     if old.get("settings") != settings:
         return {}
     return {
-        json.dumps({k: r[k] for k in ("sampler", "steps", "tol", "cfg")}, sort_keys=True): r
+        json.dumps({k: r[k] for k in ("sampler", "steps", "tol", "cfg_scale")}, sort_keys=True): r
         for r in old.get("rows", [])
     }
 
@@ -234,10 +246,10 @@ def write_sweep(out: Path, settings: dict, rows: list[dict], command: str | None
     write_text(out / "sweep.md", "\n".join(lines) + "\n")
     series, markers = [], []
     for name in dict.fromkeys(r["sampler"] for r in rows):
-        for cfg in dict.fromkeys(r["cfg"] for r in rows if r["sampler"] == name):
+        for scale in dict.fromkeys(r["cfg_scale"] for r in rows if r["sampler"] == name):
             # by nfe: with a guidance interval more steps can cost fewer evaluations (11 steps: 20, 10: 21)
-            sel = sorted((r for r in rows if r["sampler"] == name and r["cfg"] == cfg), key=lambda r: r["nfe"])
-            series.append((f"{name}, cfg {cfg:g}", [r["nfe"] for r in sel], [r[fid] for r in sel]))
+            sel = sorted((r for r in rows if r["sampler"] == name and r["cfg_scale"] == scale), key=lambda r: r["nfe"])
+            series.append((f"{name}, cfg {scale:g}", [r["nfe"] for r in sel], [r[fid] for r in sel]))
             markers.append(MARKERS[SAMPLER_NAMES.index(name) % len(MARKERS)])
     line_plot(
         series,
@@ -254,7 +266,7 @@ def sweep_rows(out: str | Path) -> list[dict]:
     return json.loads((Path(out) / "sweep.json").read_text())["rows"]
 
 
-def best_setting(rows: list[dict], max_nfe: float, n: int, seed: int) -> dict:
+def best_setting(rows: list[dict], max_nfe: float, n: int, seed: int) -> SamplingSettings:
     """The sweep row with the lowest FID within ``max_nfe`` model evaluations per image, as a record."""
     within = [r for r in rows if r["nfe"] <= max_nfe]
     if not within:
@@ -264,22 +276,9 @@ def best_setting(rows: list[dict], max_nfe: float, n: int, seed: int) -> dict:
         )
     fid = f"fid_{within[0]['feature_net']}"
     best = min(within, key=lambda r: r[fid])
-    s = best["sampler_settings"]
-    record = {
-        **SAMPLING_DEFAULT,
-        "sampler": s["name"],
-        "steps": s["steps"],
-        "cfg_scale": s["cfg"],
-        "grid": s["grid"],
-        "shift": s.get("shift"),
-        "cfg_interval": s.get("cfg_interval"),
-        "eta": s.get("eta"),
-        "rtol": s.get("rtol"),
-        "atol": s.get("atol"),
-    }
-    record["source"] = (
+    source = (
         f"tinydit sweep --apply, {datetime.date.today().isoformat()}: {fid} {best[fid]:.4g} with "
         f"{best['nfe']:g} evaluations per image ({n} samples, seed {seed}), the best of {len(within)} "
         f"settings within {max_nfe:g}"
     )
-    return record
+    return SamplingSettings.from_json({**best["sampler_settings"], "source": source})

@@ -32,7 +32,7 @@ from torch import nn
 from tinydit.data.text import tokenizer_of
 from tinydit.errors import TinyDiTError
 from tinydit.files import atomic_write, ensure_writable_dir, read_lines, write_text
-from tinydit.flow.records import recorded_sampling
+from tinydit.flow.settings import SamplingSettings
 from tinydit.models import pretrained
 from tinydit.models.attention import ATTENTION
 from tinydit.models.checkpoint import load_checkpoint, load_model
@@ -61,7 +61,6 @@ class _Velocity(nn.Module):
 def metadata(state: dict, model: nn.Module) -> dict:
     """What a sampler of the exported model needs to know, as plain JSON."""
     c, tok = model.config, tokenizer_of(state)
-    train = state.get("train_config", {})
     return {
         "format": "tinydit-export",
         "version": 1,
@@ -74,13 +73,7 @@ def metadata(state: dict, model: nn.Module) -> dict:
         "shortcut": bool(c.shortcut),
         "time": "t = 0 is data, t = 1 is Gaussian noise; x_t = (1 - t) x0 + t noise; the model returns v = dx/dt",
         "null": "the label n_classes" if c.cond == "class" else "the empty caption: BOS (1), then PAD (0)",
-        "sampler": state.get("sampling")
-        or {
-            "sampler": "euler",
-            "steps": train.get("sample_steps", 32),
-            "cfg_scale": train.get("sample_cfg", 2.0),
-            "cfg_interval": None,
-        },
+        "sampler": SamplingSettings.from_checkpoint(state).to_json(),
         "data": state["data"]["name"],
         "step": state.get("step"),
     }
@@ -217,7 +210,7 @@ def export(
         state = load_checkpoint(checkpoint)
         load_model(state, ema=ema)  # the weights must fit their config before anything is written
         shown = read_eval_metrics(metrics) if metrics is not None else run_metrics(checkpoint, state.get("step"))
-        state = {**state, "sampling": recorded_sampling(state)}  # an older checkpoint's, as sample would use
+        state = {**state, "sampling": SamplingSettings.from_checkpoint(state).to_json()}  # as sample would use
         return pretrained.save_pretrained(state, out, ema=ema, dtype=DTYPES[dtype], metrics=shown, about=about)
     model, state = load_model(checkpoint, ema=ema)
     meta = metadata(state, model)

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from tinydit.errors import TinyDiTError
+from tinydit.flow.settings import SamplingSettings
 
 __all__ = [
     "KNOTS",
@@ -120,15 +121,16 @@ def distill_losses_by_steps(
     return out
 
 
-def warn_if_untrained_settings(state: dict, sampler: str, steps: int, cfg_scale: float, grid: str = "uniform") -> None:
+def warn_if_untrained_settings(state: dict, settings: SamplingSettings) -> None:
     """Warn when a distilled student is sampled in a way it never learned: it takes 1, 2, 4 or 8 Euler
     steps on the uniform grid at guidance 1 (the teacher's guidance is in its paths)."""
     if state.get("train_config", {}).get("few_step") != "distill":
         return
-    if sampler != "euler" or steps not in STUDENT_STEPS or cfg_scale != 1.0 or grid != "uniform":
+    s = settings
+    if s.sampler != "euler" or s.steps not in STUDENT_STEPS or s.cfg_scale != 1.0 or s.grid != "uniform":
         warnings.warn(
             f"this checkpoint is a distilled student, trained for {', '.join(map(str, STUDENT_STEPS))} "
-            f"euler steps on the uniform grid at guidance 1 (`cfg_scale` 1); {sampler} with {steps} steps, "
-            f"{grid} grid and guidance {cfg_scale:g} were never trained",
+            f"euler steps on the uniform grid at guidance 1 (`cfg_scale` 1); {s.sampler} with {s.steps} steps, "
+            f"{s.grid} grid and guidance {s.cfg_scale:g} were never trained",
             stacklevel=2,
         )

@@ -1,6 +1,6 @@
 """Seeded, batched generation: the noise of every image drawn up front, so that image i does not depend
-on the batch size; the complete settings of a sampling run, for reports; and what a sampling command
-draws each image of (``sample_conditions``: class labels, or caption ids of its prompts)."""
+on the batch size; and what a sampling command draws each image of (``sample_conditions``: class labels,
+or caption ids of its prompts)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,11 @@ from torch import nn
 from tinydit.data.text import tokenizer_of
 from tinydit.distributed import SINGLE, World
 from tinydit.errors import TinyDiTError
-from tinydit.flow.grids import DEFAULT_SHIFT, checked_time_grid
-from tinydit.flow.guidance import Velocity
-from tinydit.flow.samplers import DEFAULT_ETA, DEFAULT_TOL, SAMPLERS, SampleResult, check_sampler_args
+from tinydit.flow.samplers import SampleResult, sample
+from tinydit.flow.settings import SamplingSettings
 from tinydit.progress import Progress
 
-__all__ = ["class_cycle", "generate", "sampler_settings", "sample_conditions", "resolve_labels", "resolve_prompts"]
+__all__ = ["class_cycle", "generate", "sample_conditions", "resolve_labels", "resolve_prompts"]
 
 
 def class_cycle(n: int, n_classes: int, device: str | torch.device = "cpu") -> torch.Tensor:
@@ -27,18 +26,15 @@ def class_cycle(n: int, n_classes: int, device: str | torch.device = "cpu") -> t
 def generate(
     model: nn.Module,
     y: torch.Tensor,
-    steps: int = 32,
-    cfg_scale: float = 1.0,
+    settings: SamplingSettings,
     seed: int = 0,
     batch_size: int = 256,
     *,
-    sampler: str = "euler",
     progress: bool = False,
     world: World = SINGLE,
-    **options,
 ) -> SampleResult:
-    """Samples for labels y (N,) or caption ids (N, L), in batches, with the sampler called ``sampler``
-    and its ``options``.
+    """Samples for labels y (N,) or caption ids (N, L), in batches, as ``settings`` say (checked when they
+    were built).
 
     The noise for all N images is drawn first from one generator seeded with ``seed``, so with a
     fixed-step sampler image i does not depend on the batch size, and the same seed gives the same
@@ -50,7 +46,6 @@ def generate(
     images from the same up-front noise and all of them get all N back, so a fixed-step sampler's images
     are those of one process (the ancestral sampler's fresh noise is drawn per rank, so its are not).
     """
-    check_sampler_args(steps, cfg_scale, sampler, **options)  # once, for every batch below
     if len(y) < 1:
         raise TinyDiTError("nothing to sample: ask for at least one image (n >= 1)")
     if batch_size < 1:
@@ -62,21 +57,17 @@ def generate(
     noise = torch.randn(n, cfg.in_channels, cfg.img_size, cfg.img_size, generator=gen)  # on the CPU
     mine = world.share(n)  # all N in one process
     noise, y = noise[mine], y[mine]
-    if world.size > 1 and sampler == "ancestral":  # its own fresh-noise stream per rank
+    if world.size > 1 and settings.sampler == "ancestral":  # its own fresh-noise stream per rank
         gen = torch.Generator().manual_seed(seed * 1_000_003 + world.rank + 1)
-    extra = {"generator": gen} if sampler == "ancestral" else {}  # its fresh noise: the same stream, on
-    options = {k: v for k, v in options.items() if v is not None}  # None: the sampler's default
-    grid = checked_time_grid(steps, options.pop("grid", "uniform"), options.pop("shift", None))
-    cfg_interval = options.pop("cfg_interval", None)
-    run = SAMPLERS[sampler]
+    extra = {"generator": gen} if settings.sampler == "ancestral" else {}  # its fresh noise: the same stream, on
     out, evals = [], 0
     # a bar on a terminal, else a line now and then; under torchrun rank 0's share stands for all
     bar = Progress(len(y), "sample", unit="image", enabled=progress and world.main)
     for i in range(0, len(y), batch_size):
         x1, yb = noise[i : i + batch_size].to(device), y[i : i + batch_size].to(device)
-        velocity = Velocity(model, yb, cfg_scale, cfg_interval)
-        out.append(run(velocity, x1, grid, **options, **extra).cpu())
-        evals += velocity.nfe * len(yb)
+        res = sample(settings.sampler, model, x1, yb, settings.steps, settings.cfg_scale, **settings.options(), **extra)
+        out.append(res.x.cpu())
+        evals += res.nfe * len(yb)
         bar.update(len(yb))
     bar.close()
     x = torch.cat(out) if out else noise[:0]
@@ -84,27 +75,6 @@ def generate(
         x, evals = world.gather(x, n), int(world.sum(torch.tensor(evals)).item())
     nfe = evals // n if evals % n == 0 else evals / n
     return SampleResult(x, nfe)
-
-
-def sampler_settings(name: str, steps: int, cfg_scale: float, **options) -> dict:
-    """The complete settings of a sampling run as a JSON-ready dict, defaults filled in (for reports)."""
-    options = {k: v for k, v in options.items() if v is not None}
-    check_sampler_args(steps, cfg_scale, name, **options)
-    grid = options.get("grid", "uniform")
-    interval = options.get("cfg_interval")
-    out = {
-        "name": name,
-        "steps": steps,
-        "cfg": cfg_scale,
-        "grid": grid,
-        "shift": options.get("shift", DEFAULT_SHIFT) if grid == "shifted" else None,
-        "cfg_interval": [float(v) for v in interval] if interval is not None else None,
-    }
-    if name == "dopri5":
-        out.update(rtol=options.get("rtol", DEFAULT_TOL), atol=options.get("atol", DEFAULT_TOL))
-    if name == "ancestral":
-        out.update(eta=options.get("eta", DEFAULT_ETA))
-    return out
 
 
 def sample_conditions(checkpoint, state: dict, n: int | None, classes, prompts, unconditional: bool, nrow: int | None):

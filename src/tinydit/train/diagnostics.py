@@ -11,8 +11,8 @@ from torch import nn
 from tinydit.flow import distill
 from tinydit.flow.generate import class_cycle
 from tinydit.flow.path import N_T_BINS, flow_loss, t_bins
-from tinydit.flow.records import split_sampling
 from tinydit.flow.samplers import sample
+from tinydit.flow.settings import SamplingSettings
 from tinydit.images import save_grid
 from tinydit.train.data import RunData
 from tinydit.train.teacher import TeacherPaths
@@ -61,12 +61,12 @@ def sample_grid(
     config,
     noise_gen: torch.Generator,
     device: torch.device,
-    settings: dict,
+    settings: SamplingSettings,
     paths: list[Path],
     per_class: int = 8,
 ) -> None:
-    """Samples from fixed noise (drawn from ``noise_gen``) with the sampler ``settings`` (a sampling
-    record, ``tinydit.flow.records.split_sampling``), written to each of ``paths``: one column per class,
+    """Samples from fixed noise (drawn from ``noise_gen``) with the sampler ``settings``, written to each of
+    ``paths``: one column per class,
     or in text runs one row of ``per_class`` images per prompt of ``data.prompts``."""
     if data.tokenizer is not None:
         ids = data.tokenizer.encode(data.prompts, warn=False)  # (P, L)
@@ -74,10 +74,10 @@ def sample_grid(
     else:
         y, nrow = class_cycle(per_class * config.n_classes, config.n_classes, device), config.n_classes
     noise = torch.randn(len(y), config.in_channels, config.img_size, config.img_size, generator=noise_gen)
-    sampler, steps, cfg_scale, options = split_sampling(settings)
-    if sampler == "ancestral":
-        options["generator"] = noise_gen  # its fresh noise: the same stream, after the starting noise
-    x = sample(sampler, forward, noise.to(device), y, steps, cfg_scale, **options).x.cpu()  # (n, C, H, W)
+    s = settings
+    extra = {"generator": noise_gen} if s.sampler == "ancestral" else {}  # its fresh noise: the same stream, on
+    x = sample(s.sampler, forward, noise.to(device), y, s.steps, s.cfg_scale, **s.options(), **extra).x
+    x = x.cpu()  # (n, C, H, W)
     for path in paths:
         path.parent.mkdir(exist_ok=True)
         save_grid(x, path, nrow=nrow)

@@ -18,7 +18,6 @@ from tinydit.errors import TinyDiTError
 from tinydit.eval.evaluate import default_best_metric, lower_is_better
 from tinydit.eval.sampling import score_model
 from tinydit.flow.path import N_T_BINS, t_bins
-from tinydit.flow.records import split_sampling
 from tinydit.runtime import autocast
 from tinydit.train import optim
 from tinydit.train.budget import Clock
@@ -157,17 +156,9 @@ class Events:
     def sample_grid(self) -> Path:
         """EMA samples from the same noise at every step, into samples/step_NNNNNN.png and samples.png."""
         tr = self.trainer
-        cfg, rec = tr.cfg, tr.sampling
-        if tr.teacher is not None:  # a distilled student: 4 steps, guidance in its paths
-            settings = {"sampler": "euler", "steps": 4, "cfg_scale": 1.0}
-        elif cfg.sample_steps is None and cfg.sample_cfg is None:  # what `tinydit sample` will draw
-            settings = rec
-        else:
-            settings = {
-                "sampler": "euler",
-                "steps": cfg.sample_steps or rec["steps"],
-                "cfg_scale": rec["cfg_scale"] if cfg.sample_cfg is None else cfg.sample_cfg,
-            }
+        cfg = tr.cfg
+        # what `tinydit sample --steps --cfg-scale` would draw: the record, with the flags of the run's grids
+        settings = tr.sampling.with_flags(steps=cfg.sample_steps, cfg_scale=cfg.sample_cfg)
         path = tr.out / "samples" / f"step_{tr.run.step:06d}.png"
         with autocast(tr.device, tr.precision):
             sample_grid(
@@ -190,7 +181,6 @@ class Events:
         tr = self.trainer
         t0 = Clock.now()
         metric, lower = tr.best_metric  # chosen once, when the run was set up
-        sampler, steps, cfg_scale, options = split_sampling(tr.sampling)
         state = {
             "data": {"name": tr.data.name, "classes": tr.data.train_set.classes},
             "train_config": tr.cfg.to_dict(),
@@ -201,13 +191,10 @@ class Events:
                 tr.run.ema_forward,
                 state,
                 tr.cfg.eval_n,
-                steps,
-                cfg_scale,
+                tr.sampling,
                 seed=tr.cfg.seed,
                 root=tr.cfg.data_root,
                 progress=tr.progress,
-                sampler=sampler,
-                **options,
             )
         if metric not in metrics:
             raise TinyDiTError(

@@ -24,7 +24,7 @@ from tinydit.files import RunDirLock, ensure_writable_dir
 from tinydit.flow.guidance import null_condition
 from tinydit.flow.meanflow import FoldedGuidance, check_jvp, draw_interval, meanflow_loss
 from tinydit.flow.path import flow_loss, sample_t
-from tinydit.flow.records import recommended_sampling
+from tinydit.flow.settings import SamplingSettings, recommended_sampling
 from tinydit.flow.shortcut import n_self_consistency, shortcut_loss
 from tinydit.models.checkpoint import load_checkpoint, unwrap
 from tinydit.runtime import autocast, resolve_device, resolve_precision
@@ -106,8 +106,11 @@ class Trainer:
         self.best = state.get("best") if state is not None else None  # {metric, value, step} of best.pt
         # The sampler settings the checkpoint records for sampling it: a continued run keeps its record
         # (`tinydit sweep --apply` may have written it), a new one takes the measured best for its setup.
-        recorded = state.get("sampling") if state is not None else None
-        self.sampling = recorded or recommended_sampling(self.data.name, self.preset, cfg.cond, cfg.few_step)
+        self.sampling = (
+            SamplingSettings.from_checkpoint(state)
+            if state is not None
+            else recommended_sampling(self.data.name, self.preset, cfg.cond, cfg.few_step)
+        )
         # (the metric best.pt is kept by, lower is better): unsupported data fails now, not at the first evaluation
         self.best_metric = best_metric(cfg, self.data.name, self.text) if cfg.eval_every else None
         teacher_state = self.teacher.state if self.teacher is not None else None
@@ -146,7 +149,7 @@ class Trainer:
             "data": self.data.record(),
             **self.run.state_dict(),
             "best": self.best,
-            "sampling": self.sampling,
+            "sampling": self.sampling.to_json(),
             "plan": self.budget.plan,
             "kernels": {"device": self.device.type, "precision": self.precision, **self.run.kernels()},
         }
