@@ -94,8 +94,8 @@ def main() -> None:
         started = time.perf_counter()
         trained = Trainer(cfg).fit()
         euler = SamplingSettings("euler", 32, 2.0, source="the ablation's fixed sampler")
-        images, labels, data, _, info = generate_for_eval(out / "checkpoint.pt", args.n, euler, 0, device, None)
-        metrics = evaluate(images, labels, data)
+        images, labels, spec, _, info = generate_for_eval(out / "checkpoint.pt", args.n, euler, 0, device, None)
+        metrics = evaluate(images, labels, spec)
         fid = next(v for k, v in metrics.items() if k.startswith("fid_"))
         cc = next((v for k, v in metrics.items() if k.startswith("class_consistency_")), float("nan"))
         results.append(

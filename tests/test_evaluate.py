@@ -218,7 +218,11 @@ def test_eval_cli_end_to_end_on_a_tiny_checkpoint(tiny_run, tmp_path, capsys, ev
     assert metrics["sampler"]["source"].startswith("steps as given, the rest as recorded")
     assert metrics["command"].startswith(f"tinydit eval --checkpoint {ckpt} --n 40")
     report = (tmp_path / "ev" / "report.md").read_text()
-    assert "fid_shapes_cnn" in report and "samples_by_class.png" in report and "- sampler: sampler euler, steps 2, cfg_scale 2.0" in report
+    assert (
+        "fid_shapes_cnn" in report
+        and "samples_by_class.png" in report
+        and "- sampler: sampler euler, steps 2, cfg_scale 2.0" in report
+    )
 
     # the same samples written to .npz evaluate to the same numbers (eval generates in fp32)
     assert (

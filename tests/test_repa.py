@@ -184,9 +184,12 @@ def test_the_alignment_is_on_by_default_where_it_was_measured_and_off_elsewhere(
 
 def test_a_dataset_object_is_not_aligned_to_the_encoder_of_the_name_in_the_config():
     """api.train(cfg, dataset=...) trains the object, whatever `data` says: no shipped encoder knows it."""
-    assert resolve(TrainConfig(out="unused", data="shapes"), "dataset:Stripes").repa == 0.0
+    class Stripes(torch.utils.data.Dataset):
+        pass
+
+    assert resolve(TrainConfig(out="unused", data="shapes"), Stripes()).repa == 0.0
     with pytest.raises(TinyDiTError, match="there is one for shapes, fashion-mnist, not for dataset:Stripes"):
-        resolve(TrainConfig(out="unused", data="shapes", repa=0.5), "dataset:Stripes")
+        resolve(TrainConfig(out="unused", data="shapes", repa=0.5), Stripes())
 
 
 def test_a_run_stored_before_the_alignment_existed_reads_as_one_without_it(tmp_path):

@@ -1,4 +1,5 @@
 import json
+import sys
 import time
 
 import pytest
@@ -369,6 +370,32 @@ def test_resolving_fills_a_new_config_and_a_resolved_one_resolves_to_itself():
     assert resolved.cooldown_frac == 0.2 and resolved.steps is None and resolved.t_sampling == "uniform"
     assert resolve(resolved) == resolved == resolve(TrainConfig.from_dict(resolved.to_dict()))
     assert resolve(TrainConfig()).steps == 2000
+
+
+def test_the_resolved_config_names_the_data_once_and_every_later_part_reads_that_name(tmp_path, monkeypatch):
+    """`data` resolves to the name the checkpoint records (canonical, a folder's absolute path, or the class of
+    a Dataset given from Python); a run and its evaluation never make a name canonical again."""
+    from torch.utils.data import TensorDataset
+
+    import tinydit.data.names as names
+    from tinydit.config import TrainConfig
+    from tinydit.train.resolve import resolve
+
+    assert resolve(TrainConfig(data="FMNIST")).data == "fashion-mnist"
+    assert resolve(TrainConfig(data=str(tmp_path / "imgs" / ".."))).data == str(tmp_path.resolve())
+    pairs = TensorDataset(torch.zeros(4, 3, 8, 8), torch.zeros(4, dtype=torch.long))
+    for_pairs = resolve(TrainConfig(), pairs)
+    assert for_pairs.data == "dataset:TensorDataset" and for_pairs.batch_size == 64  # the defaults of `data` given
+    assert resolve(for_pairs) == for_pairs
+    made_canonical = []
+    real = names.canonical_name
+    for module in [m for name, m in sys.modules.items() if name.startswith("tinydit")]:
+        if getattr(module, "canonical_name", None) is real:
+            monkeypatch.setattr(module, "canonical_name", lambda name: made_canonical.append(name) or real(name))
+    trainer = Trainer(fast_config(tmp_path / "run", data="Shapes", steps=2, eval_every=2, eval_n=20), progress=False)
+    trainer.fit()
+    assert made_canonical == ["Shapes"]  # by resolve, once; the evaluation and the checkpoint read "shapes"
+    assert load_checkpoint(tmp_path / "run" / "checkpoint.pt")["train_config"]["data"] == "shapes"
 
 
 def test_preset_defaults_by_model_data_and_conditioning():

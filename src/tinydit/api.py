@@ -26,10 +26,10 @@ from torch.utils.data import Dataset
 
 from tinydit import distributed
 from tinydit.config import TrainConfig, check_seed
-from tinydit.data.datasets import load_dataset
+from tinydit.data.datasets import open_dataset
 from tinydit.data.samples import check_output, load_samples, write_samples
 from tinydit.errors import TinyDiTError
-from tinydit.eval.evaluate import DEFAULT_CACHE, to_eval_images
+from tinydit.eval.evaluate import DEFAULT_CACHE, eval_spec, to_eval_images
 from tinydit.eval.evaluate import evaluate as evaluate_images
 from tinydit.eval.report import write_report
 from tinydit.eval.run_report import write_run_report
@@ -206,7 +206,7 @@ def evaluate(
             sampler=sampler, steps=steps, cfg_scale=cfg_scale, **options
         )
         dev = world.device(resolve_device(device))
-        images, labels, data, classes, extra = generate_for_eval(
+        images, labels, spec, classes, extra = generate_for_eval(
             state, n, settings, seed, dev, data, progress=progress, world=world
         )
         extra["sampler_note"] = settings.note
@@ -215,11 +215,12 @@ def evaluate(
     if checkpoint is None:
         if not data:
             raise TinyDiTError("`samples` needs `data` (fashion-mnist, shapes, cifar10 or a folder) for the reference")
-        classes = load_dataset(data, train=False, root=data_root, limit=1).classes
+        spec = eval_spec(data)  # the reference's name made canonical, once
+        classes = open_dataset(spec.data, train=False, root=data_root, limit=1).classes
         images, labels = load_samples(samples, classes)
-    images = to_eval_images(images, data)  # once: uint8 at the evaluation size, for the metrics and the report
+    images = to_eval_images(images, spec)  # once: uint8 at the evaluation size, for the metrics and the report
     nets = dict(inception=inception, inception_weights=inception_weights)
-    metrics = evaluate_images(images, labels, data, split=split, root=data_root, cache_dir=cache_dir, **nets)
+    metrics = evaluate_images(images, labels, spec, split=split, root=data_root, cache_dir=cache_dir, **nets)
     metrics.update(extra)
     out = ensure_writable_dir(out)  # created only now: a bad input leaves no empty folder behind
     write_report(out, metrics, command or "", images, labels, classes)

@@ -62,6 +62,7 @@ __all__ = [
     "decode_folder",
     "CachedCIFAR10",
     "load_dataset",
+    "open_dataset",
     "canonical_name",
     "BUILTIN_DATASETS",
     "folder_caption",
@@ -344,7 +345,20 @@ def load_dataset(
     choice is stable as files are added) are held out, and if that leaves none the whole folder is
     used for both.
     """
-    key = canonical_name(name)
+    return open_dataset(canonical_name(name), train, root, download, limit, shapes_size, stacklevel=3)
+
+
+def open_dataset(
+    key: str,
+    train: bool = True,
+    root: str | Path = "data",
+    download: bool = True,
+    limit: int | None = None,
+    shapes_size: int | None = None,
+    *,
+    stacklevel: int = 2,
+) -> CachedDataset:
+    """``load_dataset`` for a name already made canonical (``canonical_name``), as a resolved run holds it."""
     download = download and os.environ.get("TINYDIT_OFFLINE", "") in ("", "0")
     if key == "shapes":
         n = shapes_size if shapes_size is not None else (20000 if train else 2000)
@@ -357,8 +371,8 @@ def load_dataset(
     elif key == "cifar10":
         ds = CachedCIFAR10(root, train=train, download=download)
         ds.captions = class_captions(ds.labels.tolist(), ds.classes)
-    elif Path(name).expanduser().exists():
-        root = Path(name).expanduser().resolve()
+    elif Path(key).exists():
+        root = Path(key)
         everything, held = decode_folder(root, folder_signature(root))
         keep = torch.nonzero(held != train).flatten()
         if len(keep) == 0:
@@ -366,13 +380,13 @@ def load_dataset(
                 warnings.warn(
                     f"{root} is too small to hold images out ({len(everything)} images): "
                     "the validation loss is measured on training images",
-                    stacklevel=2,
+                    stacklevel=stacklevel,
                 )
             keep = torch.arange(len(everything))
         ds = everything.subset(keep, flip=train)
     else:
         raise TinyDiTError(
-            f"unknown data set {name!r}: use one of {', '.join(BUILTIN_DATASETS)} or the path of an image folder"
+            f"unknown data set {key!r}: use one of {', '.join(BUILTIN_DATASETS)} or the path of an image folder"
         )
     if limit is not None:
         ds = ds.subset(torch.arange(min(limit, len(ds))))

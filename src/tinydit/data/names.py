@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["BUILTIN_DATASETS", "canonical_name"]
+__all__ = ["BUILTIN_DATASETS", "DATASET_PREFIX", "canonical_name", "dataset_name"]
 
 # The built-in data sets and the spellings accepted for them; anything else is an image folder's path.
 BUILTIN_DATASETS = ("shapes", "fashion-mnist", "cifar10")
@@ -17,6 +17,15 @@ _DATA_ALIASES = {
     "cifar-10": "cifar10",
     "shapes": "shapes",
 }
+
+
+# A run trained on a Dataset object given from Python is named by its class: "dataset:<class>".
+DATASET_PREFIX = "dataset:"
+
+
+def dataset_name(dataset: object) -> str:
+    """The name a run records for the Dataset object it trains on."""
+    return f"{DATASET_PREFIX}{type(dataset).__name__}"
 
 
 def canonical_name(name: str) -> str:

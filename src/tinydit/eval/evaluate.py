@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tinydit.data.datasets import canonical_name, decode_folder, folder_signature, load_dataset
+from tinydit.data.datasets import canonical_name, decode_folder, folder_signature, open_dataset
 from tinydit.data.shapes import RENDER_VERSION
 from tinydit.errors import TinyDiTError
 from tinydit.eval.features import FEATURE_NETS, extract, load_feature_net
@@ -41,6 +41,7 @@ from tinydit.images import to_uint8
 __all__ = [
     "EvalSpec",
     "eval_spec",
+    "spec_for",
     "to_eval_images",
     "reference_images",
     "reference_features",
@@ -55,6 +56,7 @@ DEFAULT_CACHE = Path.home() / ".cache" / "tinydit"
 
 @dataclass(frozen=True)
 class EvalSpec:
+    data: str  # the data set's canonical name (tinydit.data.names), or an image folder's absolute path
     key: str  # identifies the reference images in cache keys
     channels: int
     size: int  # evaluation size S: images are compared as (C, S, S)
@@ -63,20 +65,25 @@ class EvalSpec:
     reference_size: int | None = None  # reference images to use (None: the whole split)
 
 
-def eval_spec(data: str) -> EvalSpec:
-    """How samples of ``data`` (a built-in name or an image folder) are evaluated."""
-    name = canonical_name(data)
+def eval_spec(data: str | EvalSpec) -> EvalSpec:
+    """How samples of ``data`` (a built-in name or an image folder, in any spelling) are evaluated; the
+    name is made canonical here, once, and every function below takes the spec in its place."""
+    return data if isinstance(data, EvalSpec) else spec_for(canonical_name(data))
+
+
+def spec_for(name: str) -> EvalSpec:
+    """``eval_spec`` of a canonical name (``canonical_name``), as a checkpoint and a resolved run hold it."""
     if name == "fashion-mnist":  # native 28x28 (what TinyDiT trains on), or 32x32 padded copies
-        return EvalSpec("fashion-mnist", 1, 28, ((1, 28), (1, 32)), FEATURE_NETS[name])
+        return EvalSpec(name, "fashion-mnist", 1, 28, ((1, 28), (1, 32)), FEATURE_NETS[name])
     if name == "shapes":
-        return EvalSpec(f"shapes-r{RENDER_VERSION}-n10000", 3, 32, ((3, 32),), FEATURE_NETS[name], 10000)
+        return EvalSpec(name, f"shapes-r{RENDER_VERSION}-n10000", 3, 32, ((3, 32),), FEATURE_NETS[name], 10000)
     if name == "cifar10":
-        return EvalSpec("cifar10", 3, 32, ((3, 32),), None)
+        return EvalSpec(name, "cifar10", 3, 32, ((3, 32),), None)
     folder = Path(name)
     if not folder.is_dir():
-        raise TinyDiTError(f"unknown reference {data!r}: use fashion-mnist, shapes, cifar10 or an image folder")
+        raise TinyDiTError(f"unknown reference {name!r}: use fashion-mnist, shapes, cifar10 or an image folder")
     digest = hashlib.sha1(repr((name, folder_signature(folder))).encode()).hexdigest()[:12]
-    return EvalSpec(f"folder-{digest}", 3, 32, ((3, 32),), None)
+    return EvalSpec(name, f"folder-{digest}", 3, 32, ((3, 32),), None)
 
 
 def to_eval_images(images: np.ndarray | torch.Tensor, data: str | EvalSpec) -> torch.Tensor:
@@ -85,7 +92,7 @@ def to_eval_images(images: np.ndarray | torch.Tensor, data: str | EvalSpec) -> t
     uint8 means [0, 255]; floating point means the model range [-1, 1] and is quantised to uint8
     first, exactly as a PNG of it would be. (N, H, W) and channels-last (N, H, W, C) are accepted.
     """
-    spec = data if isinstance(data, EvalSpec) else eval_spec(data)
+    spec = eval_spec(data)
     x = images if isinstance(images, torch.Tensor) else torch.as_tensor(np.asarray(images))
     if x.dim() == 3:
         x = x.unsqueeze(1)  # (N, H, W) -> (N, 1, H, W)
@@ -113,27 +120,34 @@ def to_eval_images(images: np.ndarray | torch.Tensor, data: str | EvalSpec) -> t
     return x.contiguous()
 
 
-def reference_images(data: str, split: str, root: str | Path = "data") -> tuple[torch.Tensor, torch.Tensor]:
+def reference_images(
+    data: str | EvalSpec, split: str, root: str | Path = "data"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """uint8 (N, C, S, S) reference images and labels (N,) of a split."""
     if split not in ("train", "test"):
         raise TinyDiTError(f"unknown split {split!r}: use train or test")
     spec = eval_spec(data)
     if spec.key.startswith("folder-"):  # a folder is its own reference, all of it, whatever the split
-        root_dir = Path(canonical_name(data))
+        root_dir = Path(spec.data)
         ds, _ = decode_folder(root_dir, folder_signature(root_dir))
     else:
-        ds = load_dataset(data, train=split == "train", root=root, shapes_size=spec.reference_size)
+        ds = open_dataset(spec.data, train=split == "train", root=root, shapes_size=spec.reference_size)
     return to_eval_images(ds.images, spec), ds.labels
 
 
 def reference_features(
-    data: str, split: str, extractor, cache_dir: str | Path | None = DEFAULT_CACHE, root: str | Path = "data"
+    data: str | EvalSpec,
+    split: str,
+    extractor,
+    cache_dir: str | Path | None = DEFAULT_CACHE,
+    root: str | Path = "data",
 ) -> tuple[torch.Tensor, dict]:
     """Reference features, cached on disk under data set, split, feature network name and hash.
 
     ``extractor`` is a callable (uint8 images -> features) with ``name`` and ``sha256`` attributes.
     """
-    key = f"{eval_spec(data).key}-{split}-{extractor.name}-{extractor.sha256[:16]}"
+    spec = eval_spec(data)
+    key = f"{spec.key}-{split}-{extractor.name}-{extractor.sha256[:16]}"
     cache = Path(cache_dir) / "reference" / f"{key}.pt" if cache_dir is not None else None
     if cache is not None and cache.is_file():
         try:
@@ -142,7 +156,7 @@ def reference_features(
                 return state["features"], {"cache": str(cache), "cache_hit": True}
         except Exception:  # a damaged cache file is a miss, rewritten below
             pass
-    images, _ = reference_images(data, split, root)
+    images, _ = reference_images(spec, split, root)
     feats = extractor(images)
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
@@ -166,7 +180,7 @@ class _OfflineExtractor:
 def evaluate(
     samples: np.ndarray | torch.Tensor,
     labels: np.ndarray | torch.Tensor | None,
-    data: str,
+    data: str | EvalSpec,
     split: str = "test",
     root: str | Path = "data",
     cache_dir: str | Path | None = DEFAULT_CACHE,
@@ -184,27 +198,27 @@ def evaluate(
             f"{fake.shape[0]} samples are too few to evaluate; give at least {MIN_SAMPLES} "
             "(FID is only comparable at equal N, 10000 is customary)"
         )
-    y = None if labels is None else _checked_labels(labels, len(fake), data, spec, root)  # (N,)
+    y = None if labels is None else _checked_labels(labels, len(fake), spec, root)  # (N,)
     if spec.feature_net is None and not (inception or inception_weights):
         raise TinyDiTError(
-            f"no offline feature network for {data}: offline metrics exist for fashion-mnist and "
+            f"no offline feature network for {spec.data}: offline metrics exist for fashion-mnist and "
             "shapes; use `inception` (or `inception_weights` PATH) for Inception FID"
         )
     out: dict = {}
     nets: dict = {}
     if spec.feature_net is not None:
         kid_sizes = (kid_subsets, kid_subset_size)
-        metrics, nets[spec.feature_net] = _offline_metrics(fake, y, data, split, spec, cache_dir, root, kid_sizes)
+        metrics, nets[spec.feature_net] = _offline_metrics(fake, y, split, spec, cache_dir, root, kid_sizes)
         out.update(metrics)
     if inception or inception_weights:
         ex = InceptionFeatures(inception_weights)
-        real, ref = reference_features(data, split, ex, cache_dir, root)
+        real, ref = reference_features(spec, split, ex, cache_dir, root)
         out["fid_inception"] = frechet_distance(*feature_stats(real), *feature_stats(ex(fake)))
         out["n_reference"] = int(real.shape[0])
         nets["inception"] = {"sha256": ex.sha256, **ref}
     out.update(
         n_samples=int(fake.shape[0]),
-        data=canonical_name(data),
+        data=spec.data,
         split=split,
         feature_nets=nets,
         eval_seconds=time.perf_counter() - started,
@@ -213,12 +227,12 @@ def evaluate(
 
 
 def _offline_metrics(
-    fake, y, data: str, split: str, spec, cache_dir, root, kid_sizes: tuple[int, int]
+    fake, y, split: str, spec: EvalSpec, cache_dir, root, kid_sizes: tuple[int, int]
 ) -> tuple[dict, dict]:
     """FID, KID, precision/recall and class consistency in the data set's feature network space, and the
     network's record (its hash, accuracy and the reference it was computed on)."""
     ex = _OfflineExtractor(spec.feature_net)
-    real, ref = reference_features(data, split, ex, cache_dir, root)
+    real, ref = reference_features(spec, split, ex, cache_dir, root)
     fake_feats = ex(fake)
     tag = ex.name
     gen = torch.Generator().manual_seed(0)  # precision/recall compare equal-sized sets
@@ -238,18 +252,18 @@ def _offline_metrics(
     return out, {"sha256": ex.sha256, "test_accuracy": ex.record.get("test_accuracy"), **ref}
 
 
-def _checked_labels(labels, n: int, data: str, spec, root) -> torch.Tensor:
-    """``labels`` as int64 (N,), one integer class id of ``data`` per sample."""
+def _checked_labels(labels, n: int, spec: EvalSpec, root) -> torch.Tensor:
+    """``labels`` as int64 (N,), one integer class id of ``spec.data`` per sample."""
     labels = np.asarray(labels)
     if not np.issubdtype(labels.dtype, np.integer):
         raise TinyDiTError(f"labels have dtype {labels.dtype}: give integer class ids")
     y = torch.as_tensor(labels, dtype=torch.int64).reshape(-1)  # (N,)
     if y.shape[0] != n:
         raise TinyDiTError(f"{y.shape[0]} labels for {n} samples; give one label per sample")
-    n_classes = len(load_dataset(data, train=False, root=root, limit=1).classes) if spec.feature_net else None
+    n_classes = len(open_dataset(spec.data, train=False, root=root, limit=1).classes) if spec.feature_net else None
     if n_classes is not None and (int(y.min()) < 0 or int(y.max()) >= n_classes):
         raise TinyDiTError(
-            f"labels range over {int(y.min())}..{int(y.max())}, but {data} has classes "
+            f"labels range over {int(y.min())}..{int(y.max())}, but {spec.data} has classes "
             f"0..{n_classes - 1}; give each sample's class id"
         )
     return y
@@ -257,10 +271,11 @@ def _checked_labels(labels, n: int, data: str, spec, root) -> torch.Tensor:
 
 def default_best_metric(data: str, text: bool) -> tuple[str, bool]:
     """The metric best.pt is chosen by when none is named, and whether lower is better: prompt adherence
-    for shapes text runs, the strict judge's pass rate for shapes class runs, else the offline FID."""
+    for shapes text runs, the strict judge's pass rate for shapes class runs, else the offline FID. ``data``:
+    a run's canonical name."""
     if data == "shapes":
         return ("adherence_all_all", False) if text else ("shape_strict", False)
-    net = eval_spec(data).feature_net
+    net = spec_for(data).feature_net
     if net is None:
         raise TinyDiTError(f"{data} has no offline feature network")
     return f"fid_{net}", True

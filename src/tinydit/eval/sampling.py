@@ -15,7 +15,7 @@ from tinydit.data.text import class_captions, parse_phrases, tokenizer_of
 from tinydit.distributed import SINGLE, World
 from tinydit.errors import TinyDiTError
 from tinydit.eval.adherence import flatten, prompts_for, score, shape_accuracy
-from tinydit.eval.evaluate import DEFAULT_CACHE, eval_spec, evaluate
+from tinydit.eval.evaluate import DEFAULT_CACHE, EvalSpec, evaluate, spec_for
 from tinydit.eval.shape_fit import strict_scores
 from tinydit.flow.distill import warn_if_untrained_settings
 from tinydit.flow.generate import class_cycle, generate
@@ -64,8 +64,9 @@ def generate_for_eval(
     *,
     progress: bool = False,
     world: World = SINGLE,
-) -> tuple[torch.Tensor, torch.Tensor, str, list[str], dict]:
-    """n class-balanced samples from a checkpoint: images, labels, data set, classes, sampler info.
+) -> tuple[torch.Tensor, torch.Tensor, EvalSpec, list[str], dict]:
+    """n class-balanced samples from a checkpoint: images, labels, how its data set is evaluated (the
+    reference ``data`` names, which must be the one it was trained on), classes, sampler info.
 
     Generation runs in fp32 on every device (unlike ``tinydit sample``'s bf16 default where that is
     faster), so scores compare across machines.
@@ -79,14 +80,14 @@ def generate_for_eval(
         raise TinyDiTError(f"`n` must be >= 1, got {n}")
     model, state = load_model(checkpoint, map_location=device)
     warn_if_untrained_settings(state, settings)
-    trained_on = state["data"]["name"]
+    trained_on = state["data"]["name"]  # canonical, as the run resolved it
     if data is not None and canonical_name(data) != trained_on:
         where = "the checkpoint" if isinstance(checkpoint, dict) else checkpoint
         raise TinyDiTError(f"{where} was trained on {trained_on}, not {data}; drop `data`")
-    eval_spec(trained_on)
+    spec = spec_for(trained_on)  # an unsupported data set fails before any sampling
     x, labels, info = sample_for_eval(model, state, n, settings, seed, progress=progress, world=world)
     sampler = {**settings.filled().to_json(), "seed": seed}
-    return x, labels, trained_on, state["data"]["classes"], {**info, "sampler": sampler}
+    return x, labels, spec, state["data"]["classes"], {**info, "sampler": sampler}
 
 
 def sample_for_eval(
@@ -132,5 +133,5 @@ def score_model(
     """``sample_for_eval``'s samples scored with the offline metrics against the test split: one flat dict
     of numbers (what evaluation during training logs)."""
     x, labels, info = sample_for_eval(model, state, n, settings, seed, progress=progress)
-    metrics = evaluate(x.float(), labels, state["data"]["name"], root=root, cache_dir=cache_dir)
+    metrics = evaluate(x.float(), labels, spec_for(state["data"]["name"]), root=root, cache_dir=cache_dir)
     return {k: v for k, v in {**metrics, **info}.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from tinydit.errors import TinyDiTError
-from tinydit.eval.evaluate import DEFAULT_CACHE, eval_spec, evaluate
+from tinydit.eval.evaluate import DEFAULT_CACHE, evaluate, spec_for
 from tinydit.eval.metrics import MIN_SAMPLES
 from tinydit.eval.plot import MARKERS, line_plot
 from tinydit.eval.sampling import eval_conditions
@@ -116,7 +116,7 @@ def run_sweep(
     out = Path(out)
     model, state = load_model(checkpoint, ema=ema, map_location=device)
     data = state["data"]["name"]
-    if eval_spec(data).feature_net is None:
+    if spec_for(data).feature_net is None:
         raise TinyDiTError(
             f"{checkpoint} was trained on {data}, which has no offline feature network; "
             "tinydit sweep scores with the offline metrics (fashion-mnist and shapes)"
@@ -218,7 +218,7 @@ def _cell(v) -> str:
 
 def write_sweep(out: Path, settings: dict, rows: list[dict], command: str | None = None) -> None:
     """sweep.json, sweep.csv, sweep.md and sweep.png from the rows so far."""
-    net = rows[0]["feature_net"] if rows else eval_spec(settings["data"]).feature_net
+    net = rows[0]["feature_net"] if rows else spec_for(settings["data"]).feature_net
     columns, fid = [c.format(net=net) for c in COLUMNS], f"fid_{net}"
     write_text(
         out / "sweep.json", json.dumps({"settings": settings, "command": command, "rows": rows}, indent=2) + "\n"

@@ -16,7 +16,6 @@ from pathlib import Path
 import torch
 
 from tinydit.config import TRAJECTORY_FIELDS, TrainConfig
-from tinydit.data.names import canonical_name
 from tinydit.errors import TinyDiTError
 from tinydit.files import torch_save
 from tinydit.flow.meanflow import TIME_SCALE as MEANFLOW_TIME_SCALE
@@ -42,9 +41,7 @@ def save_checkpoint(path: str | Path, state: dict) -> None:
     torch_save(path, payload)
 
 
-def check_same_run(
-    cfg: TrainConfig, state: dict, out: Path, data_name: str | None = None, preset: str | None = None
-) -> None:
+def check_same_run(cfg: TrainConfig, state: dict, out: Path, preset: str | None = None) -> None:
     """Refuse to continue the run in ``state`` with settings that change what it computes, or a checkpoint
     that lacks what a continuation needs. ``preset``: the run's, where it is not ``cfg``'s (a student's is
     its teacher's)."""
@@ -55,7 +52,7 @@ def check_same_run(
             "start afresh with `overwrite` or choose another `out`"
         )
     old = TrainConfig.from_dict(state["train_config"])
-    old_data, new_data = state["data"]["name"], data_name or canonical_name(cfg.data)  # both canonical
+    old_data, new_data = state["data"]["name"], cfg.data  # both canonical: ``cfg`` is resolved
     new = {name: getattr(cfg, name) for name in TRAJECTORY_FIELDS} | {"preset": preset or cfg.preset}
     changed = [
         f"{name}: {getattr(old, name)!r} -> {new[name]!r}"

@@ -20,14 +20,13 @@ from torch.utils.data import Dataset
 
 from tinydit.config import TrainConfig
 from tinydit.data.cache import CachedDataset
-from tinydit.data.datasets import load_dataset
-from tinydit.data.names import canonical_name
+from tinydit.data.datasets import open_dataset
 from tinydit.data.shapes import GRID_PROMPTS
 from tinydit.data.text import Tokenizer, class_captions, holds_phrase
 from tinydit.errors import TinyDiTError
 from tinydit.train.optim import step_generator
 
-__all__ = ["RunData", "BatchOrder", "prepare_data", "cache_dataset", "canonical_data"]
+__all__ = ["RunData", "BatchOrder", "prepare_data", "cache_dataset"]
 
 VAL_EVERY = 20  # a Dataset given without a validation set: every 20th image is held out for the validation loss
 
@@ -119,17 +118,11 @@ def cache_dataset(dataset: Dataset, flip: bool, desc: str) -> CachedDataset:
     return ds
 
 
-def canonical_data(cfg: TrainConfig, dataset: Dataset | None) -> str:
-    """The data name a checkpoint records: ``cfg.data`` resolved, or "dataset:<class>" for a Dataset."""
-    return canonical_name(cfg.data) if dataset is None else f"dataset:{type(dataset).__name__}"
-
-
 def _datasets(cfg: TrainConfig, dataset: Dataset | None, val_dataset: Dataset | None):
     if dataset is None:
         return (
-            canonical_data(cfg, None),
-            load_dataset(cfg.data, train=True, root=cfg.data_root, limit=None if cfg.classes else cfg.limit),
-            load_dataset(cfg.data, train=False, root=cfg.data_root, limit=None if cfg.classes else cfg.val_size),
+            open_dataset(cfg.data, train=True, root=cfg.data_root, limit=None if cfg.classes else cfg.limit),
+            open_dataset(cfg.data, train=False, root=cfg.data_root, limit=None if cfg.classes else cfg.val_size),
         )
     train = cache_dataset(dataset, flip=True, desc="decoding the training set")
     if val_dataset is not None:
@@ -147,7 +140,7 @@ def _datasets(cfg: TrainConfig, dataset: Dataset | None, val_dataset: Dataset | 
     if cfg.limit is not None:
         train = train.subset(torch.arange(min(cfg.limit, len(train))))
     val = val.subset(torch.arange(min(cfg.val_size, len(val))))
-    return canonical_data(cfg, dataset), train, val
+    return train, val
 
 
 def only_classes(ds: CachedDataset, spec: str) -> CachedDataset:
@@ -175,8 +168,10 @@ def only_classes(ds: CachedDataset, spec: str) -> CachedDataset:
 def prepare_data(
     cfg: TrainConfig, state: dict | None = None, dataset: Dataset | None = None, val_dataset: Dataset | None = None
 ) -> RunData:
-    """The run's data: ``cfg.data`` by name, or ``dataset`` (and ``val_dataset``) given from Python."""
-    name, train_set, val_set = _datasets(cfg, dataset, val_dataset)
+    """The run's data: ``cfg.data`` by name (``cfg`` resolved, ``tinydit.train.resolve``), or ``dataset`` (and
+    ``val_dataset``) given from Python."""
+    name = cfg.data  # resolved: a built-in name, a folder's absolute path, or "dataset:<class>"
+    train_set, val_set = _datasets(cfg, dataset, val_dataset)
     if cfg.classes is not None:  # filtered first, so that `limit` and `val_size` count the classes kept
         train_set, val_set = only_classes(train_set, cfg.classes), only_classes(val_set, cfg.classes)
         if cfg.limit is not None:

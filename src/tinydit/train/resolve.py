@@ -5,16 +5,21 @@ times in ``tinydit.flow.path``; the data set is named by ``tinydit.data.names``)
 switches are checked where the model's config is built (``tinydit.models.dit_config``).
 
 ``resolve(cfg)`` returns a new config and never changes ``cfg``; resolving a resolved config returns an
-equal one, so a run continued from its stored config resolves to what it ran with.
+equal one, so a run continued from its stored config resolves to what it ran with. The resolved config is
+the run's description that every later part reads: its ``data`` is the name the checkpoint records (a
+built-in data set's canonical name, an image folder's absolute path, or "dataset:<class>" for a Dataset
+given from Python), named here once.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from torch.utils.data import Dataset
+
 from tinydit.config import CHOICES as CONFIG_CHOICES
 from tinydit.config import TrainConfig
-from tinydit.data.names import canonical_name
+from tinydit.data.names import DATASET_PREFIX, canonical_name, dataset_name
 from tinydit.errors import TinyDiTError
 from tinydit.flow.distill import KNOTS
 from tinydit.flow.path import T_SAMPLINGS
@@ -78,16 +83,18 @@ CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
-def resolve(cfg: TrainConfig, data_name: str | None = None) -> TrainConfig:
+def resolve(cfg: TrainConfig, dataset: Dataset | None = None) -> TrainConfig:
     """``cfg`` with its defaults filled for its data set and model type, its names checked: a new config.
 
-    ``data_name``: the name the run records for its data, where a Dataset object is trained instead of
-    ``cfg.data`` ("dataset:<class>"); the alignment needs an encoder for the data it really trains on."""
+    ``dataset``: a Dataset object trained on instead of ``cfg.data``; the run's data is then named
+    "dataset:<class>", while the per-data defaults stay those of ``cfg.data`` as given."""
     if cfg.model not in MODEL_CONDS:
         raise TinyDiTError(f"unknown `model` {cfg.model!r}: use one of {', '.join(MODEL_CONDS)}")
     if cfg.t_sampling is not None and cfg.t_sampling not in T_SAMPLINGS:
         raise TinyDiTError(f"`t_sampling` must be one of {', '.join(T_SAMPLINGS)}; got {cfg.t_sampling!r}")
-    data = canonical_name(cfg.data)  # the key of the per-data defaults below
+    # the key of the per-data defaults below (a resolved Dataset run's name: its defaults are filled in)
+    data = cfg.data if cfg.data.startswith(DATASET_PREFIX) else canonical_name(cfg.data)
+    trained_on = data if dataset is None else dataset_name(dataset)  # what the run records
     conds = MODEL_CONDS[cfg.model]
     cond = conds[0] if cfg.cond is None else cfg.cond
     if cond not in conds:
@@ -105,8 +112,7 @@ def resolve(cfg: TrainConfig, data_name: str | None = None) -> TrainConfig:
         cooldown_frac = BUDGET_COOLDOWN_FRAC if cfg.minutes is not None and not cfg.cooldown else 0.0
     if cfg.few_step == "distill":
         _check_teacher(cfg, cond)
-    trained_on = data_name or data  # what the alignment's encoder must know
-    repa = cfg.repa
+    repa = cfg.repa  # the alignment's encoder must know the data the run really trains on
     depth = MODEL_PRESETS[cfg.model][preset]["depth"]  # the smoke-test presets are too shallow to align
     if repa is None:
         aligned = (cfg.model, cond) in ALIGNED_BY_DEFAULT and cfg.few_step == "none" and depth >= REPA_DEPTH
@@ -114,6 +120,7 @@ def resolve(cfg: TrainConfig, data_name: str | None = None) -> TrainConfig:
     check_repa(repa, trained_on, cfg.few_step, depth)
     return replace(
         cfg,
+        data=trained_on,
         cond=cond,
         preset=preset,
         holdout=_holdout(cfg.holdout, cond, data),

@@ -165,9 +165,9 @@ class Distillation:
     """A student's side of distillation: the teacher's checkpoint (whose preset and architecture the
     student takes), its sampled paths for training and validation, and the loss on a batch of them."""
 
-    def __init__(self, cfg, data_name: str):
-        self.cfg = cfg
-        self.state = load_teacher(cfg.teacher, cfg.model, data_name)
+    def __init__(self, cfg):
+        self.cfg = cfg  # resolved: ``cfg.data`` is the name the teacher's checkpoint must record too
+        self.state = load_teacher(cfg.teacher, cfg.model, cfg.data)
         self.preset: str = self.state["train_config"]["preset"]
         self.paths: TeacherPaths | None = None
         self.val_paths: TeacherPaths | None = None

@@ -31,7 +31,7 @@ from tinydit.runtime import autocast, resolve_device, resolve_precision
 from tinydit.train import optim
 from tinydit.train.budget import Budget, Clock
 from tinydit.train.checkpoint import GracefulInterrupt, check_same_run, model_config_for, save_checkpoint
-from tinydit.train.data import BatchOrder, canonical_data, prepare_data
+from tinydit.train.data import BatchOrder, prepare_data
 from tinydit.train.diagnostics import validation_losses
 from tinydit.train.events import Events, best_metric
 from tinydit.train.log import RunLog
@@ -60,7 +60,7 @@ class Trainer:
         val_dataset: Dataset | None = None,
     ):
         # its defaults filled for the data set, once
-        self.cfg, self.progress = resolve(cfg, canonical_data(cfg, dataset)), progress
+        self.cfg, self.progress = resolve(cfg, dataset), progress
         self.out, self.ckpt_path = Path(cfg.out), Path(cfg.out) / "checkpoint.pt"
         # Held from before the checkpoint is read until fit() ends: one trainer per run directory.
         self.lock = RunDirLock(self.out)
@@ -79,13 +79,12 @@ class Trainer:
         self.precision = resolve_precision(cfg.precision, self.device)
         if self.out.is_dir() and main:
             self.lock.acquire()
-        data_name = canonical_data(cfg, dataset)
-        self.teacher = Distillation(cfg, data_name) if cfg.few_step == "distill" else None
+        self.teacher = Distillation(cfg) if cfg.few_step == "distill" else None
         self.preset = self.teacher.preset if self.teacher is not None else cfg.preset  # a student takes its teacher's
         state = None
         if self.ckpt_path.exists() and not overwrite:
             state = load_checkpoint(self.ckpt_path)
-            check_same_run(cfg, state, self.out, data_name, self.preset)
+            check_same_run(cfg, state, self.out, self.preset)
         elif require_resume:
             raise TinyDiTError(f"`resume` given, but {self.ckpt_path} does not exist; drop `resume` to start a run")
         step = int(state["step"]) if state is not None else 0
