@@ -184,6 +184,7 @@ def test_the_alignment_is_on_by_default_where_it_was_measured_and_off_elsewhere(
 
 def test_a_dataset_object_is_not_aligned_to_the_encoder_of_the_name_in_the_config():
     """api.train(cfg, dataset=...) trains the object, whatever `data` says: no shipped encoder knows it."""
+
     class Stripes(torch.utils.data.Dataset):
         pass
 

@@ -120,9 +120,7 @@ def to_eval_images(images: np.ndarray | torch.Tensor, data: str | EvalSpec) -> t
     return x.contiguous()
 
 
-def reference_images(
-    data: str | EvalSpec, split: str, root: str | Path = "data"
-) -> tuple[torch.Tensor, torch.Tensor]:
+def reference_images(data: str | EvalSpec, split: str, root: str | Path = "data") -> tuple[torch.Tensor, torch.Tensor]:
     """uint8 (N, C, S, S) reference images and labels (N,) of a split."""
     if split not in ("train", "test"):
         raise TinyDiTError(f"unknown split {split!r}: use train or test")
