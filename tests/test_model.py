@@ -40,6 +40,18 @@ def test_unpatchify_inverts_patchify_layout():
     assert torch.equal(model.unpatchify(patches), x)
 
 
+def test_the_conv_stem_hands_patchify_a_channels_last_map_and_the_head_gets_one_back(monkeypatch):
+    """Channels-last, cutting patches copies runs of C values rather than runs of p (the faster copy)."""
+    model = DiT(DiTConfig(img_size=8, in_channels=3, patch_size=2, dim=8, depth=1, n_heads=2, stem="conv", head="conv"))
+    maps = []
+    real_patchify, real_head = model.patchify, model.head.forward
+    monkeypatch.setattr(model, "patchify", lambda x: maps.append(x) or real_patchify(x))
+    monkeypatch.setattr(model.head, "forward", lambda x: maps.append(x) or real_head(x))
+    v = model(torch.randn(2, 3, 8, 8), torch.rand(2), torch.tensor([0, 1]))
+    assert [m.shape for m in maps] == [(2, model.config.conv_channels, 8, 8)] * 2 and v.shape == (2, 3, 8, 8)
+    assert all(m.is_contiguous(memory_format=torch.channels_last) for m in maps)
+
+
 def test_patchify_hands_on_contiguous_tokens():
     """A transposed view would pass its layout on to every residual addition, and each norm would copy."""
     model = DiT(DiTConfig(img_size=8, in_channels=2, patch_size=2, dim=8, depth=1, n_heads=2))
@@ -47,12 +59,13 @@ def test_patchify_hands_on_contiguous_tokens():
     assert tokens.shape == (2, 16, 8) and tokens.is_contiguous()
 
 
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
 @pytest.mark.parametrize("channels, patch", [(3, 4), (16, 4), (16, 2), (1, 4)])
-def test_patchify_is_the_strided_convolution_of_its_weights(channels, patch):
+def test_patchify_is_the_strided_convolution_of_its_weights(channels, patch, layout):
     cfg = DiTConfig(img_size=16, in_channels=channels, patch_size=patch, dim=32, depth=1, n_heads=2)
     model = DiT(cfg)
     torch.nn.init.normal_(model.patch_embed.bias)
-    x = torch.randn(3, channels, 16, 16)
+    x = torch.randn(3, channels, 16, 16).contiguous(memory_format=layout)
     want = F.conv2d(x, model.patch_embed.weight, model.patch_embed.bias, stride=patch)  # (N, D, g, g)
     torch.testing.assert_close(model.patchify(x), want.flatten(2).transpose(1, 2), rtol=1e-5, atol=1e-5)
 

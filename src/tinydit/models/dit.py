@@ -251,18 +251,21 @@ class DiT(nn.Module):
         transposed layout."""
         n, c, h, w = x.shape
         p = self.config.patch_size
-        patches = x.reshape(n, c, h // p, p, w // p, p).permute(0, 2, 4, 1, 3, 5)  # (N, gh, gw, C, ph, pw)
-        patches = patches.reshape(n, (h // p) * (w // p), c * p * p)  # (N, T, C p p), the conv weight's order
-        weight = self.patch_embed.weight.reshape(self.patch_embed.out_channels, -1)  # (D, C p p)
+        # Cut channels-last (the conv stem's layout, where the permute below is free), so that the copy moves
+        # runs of C values instead of runs of p; the weight is put in the same (ph, pw, C) order.
+        x = x.permute(0, 2, 3, 1)  # (N, H, W, C)
+        patches = x.reshape(n, h // p, p, w // p, p, c).transpose(2, 3)  # (N, gh, gw, ph, pw, C)
+        patches = patches.reshape(n, (h // p) * (w // p), p * p * c)  # (N, T, p p C)
+        weight = self.patch_embed.weight.permute(0, 2, 3, 1).reshape(self.patch_embed.out_channels, -1)  # (D, p p C)
         return token_linear(patches, weight, self.patch_embed.bias)  # (N, T, D)
 
     def unpatchify(self, x: torch.Tensor) -> torch.Tensor:
-        """(N, T, p*p*C) -> (N, C, H, W), the inverse of cutting the image into row-major patches."""
+        """(N, T, p*p*C) -> (N, C, H, W), the inverse of cutting the image into row-major patches; channels-last
+        in memory (the layout the conv head reads fastest)."""
         n, p, g = x.shape[0], self.config.patch_size, self.config.grid_size
         c = x.shape[2] // (p * p)
-        x = x.reshape(n, g, g, p, p, c)  # (N, gh, gw, ph, pw, C)
-        x = x.permute(0, 5, 1, 3, 2, 4)  # (N, C, gh, ph, gw, pw)
-        return x.reshape(n, c, g * p, g * p)  # (N, C, H, W)
+        x = x.reshape(n, g, g, p, p, c).transpose(2, 3)  # (N, gh, ph, gw, pw, C)
+        return x.reshape(n, g * p, g * p, c).permute(0, 3, 1, 2)  # (N, C, H, W), stored as (N, H, W, C)
 
     def embed_image(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
         """x (N, C, H, W) -> tokens (N, T, D) with their positions, and the RoPE angles (or None)."""
@@ -272,7 +275,9 @@ class DiT(nn.Module):
                 f"this model takes images of shape (N, {config.in_channels}, {config.img_size}, {config.img_size}), "
                 f"got {tuple(x.shape)}"
             )
-        tokens = self.patchify(x if self.stem is None else self.stem(x))  # (N, T, D)
+        if self.stem is not None:  # a channels-last input gives a channels-last feature map (see patchify)
+            x = self.stem(x.contiguous(memory_format=torch.channels_last))
+        tokens = self.patchify(x)  # (N, T, D)
         if self.pos_embed is not None:
             return tokens + self.pos_embed, None
         return tokens, (self.rope_cos, self.rope_sin)
