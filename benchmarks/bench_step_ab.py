@@ -7,7 +7,8 @@ head, each in its own process that imports the tree's ``src`` and the ``Trainer.
 ``benchmarks/bench_step_parts.py`` (the run ``tinydit train --data shapes`` makes: its preset, batch,
 precision, alignment with kept targets, and ``--compile``). A process warms up for 15 steps (compiling, where
 it compiles), then reports the median of 5 timings of ``--steps`` steps. The machine's speed drifts by the
-hour, so the rounds alternate and the ratio is of the medians over rounds.
+hour (and within minutes), so the rounds alternate, and the speed-up is the median over rounds of each
+round's base / head, beside the ratio of the medians.
 """
 
 from __future__ import annotations
@@ -76,8 +77,12 @@ def main() -> None:
             ms[name].append(got["ms"])
             print(f"round {r + 1} {name}: {got['ms']:.1f} ms/step ({got['preset']}, {got['precision']})", flush=True)
     base, head = statistics.median(ms["base"]), statistics.median(ms["head"])
+    paired = statistics.median(b / h for b, h in zip(ms["base"], ms["head"], strict=True))
     cpu = platform.processor() or platform.machine()
-    print(f"compile {args.compile}: base {base:.1f} ms/step, head {head:.1f} ms/step: head {base / head:.3f}x")
+    print(
+        f"compile {args.compile}: base {base:.1f} ms/step, head {head:.1f} ms/step: head {base / head:.3f}x; "
+        f"median of the rounds' ratios {paired:.3f}x"
+    )
     print(f"machine: {cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}")
 
 

@@ -42,7 +42,10 @@ def test_unpatchify_inverts_patchify_layout():
 
 def test_the_conv_stem_hands_patchify_a_channels_last_map_and_the_head_gets_one_back(monkeypatch):
     """Channels-last, cutting patches copies runs of C values rather than runs of p (the faster copy)."""
-    model = DiT(DiTConfig(img_size=8, in_channels=3, patch_size=2, dim=8, depth=1, n_heads=2, stem="conv", head="conv"))
+    cfg = DiTConfig(
+        img_size=8, in_channels=3, patch_size=2, dim=8, depth=1, n_heads=2, stem="conv", head="conv", pred="v"
+    )
+    model = DiT(cfg)
     maps = []
     real_patchify, real_head = model.patchify, model.head.forward
     monkeypatch.setattr(model, "patchify", lambda x: maps.append(x) or real_patchify(x))
@@ -50,6 +53,7 @@ def test_the_conv_stem_hands_patchify_a_channels_last_map_and_the_head_gets_one_
     v = model(torch.randn(2, 3, 8, 8), torch.rand(2), torch.tensor([0, 1]))
     assert [m.shape for m in maps] == [(2, model.config.conv_channels, 8, 8)] * 2 and v.shape == (2, 3, 8, 8)
     assert all(m.is_contiguous(memory_format=torch.channels_last) for m in maps)
+    assert v.is_contiguous()  # what the model returns keeps the usual layout: v.view(N, -1) works
 
 
 def test_patchify_hands_on_contiguous_tokens():

@@ -260,12 +260,16 @@ class DiT(nn.Module):
         return token_linear(patches, weight, self.patch_embed.bias)  # (N, T, D)
 
     def unpatchify(self, x: torch.Tensor) -> torch.Tensor:
-        """(N, T, p*p*C) -> (N, C, H, W), the inverse of cutting the image into row-major patches; channels-last
-        in memory (the layout the conv head reads fastest)."""
+        """(N, T, p*p*C) -> (N, C, H, W), the inverse of cutting the image into row-major patches: the image
+        itself (contiguous), or the conv head's input, channels-last (the layout a convolution reads fastest,
+        made by copying runs of C values)."""
         n, p, g = x.shape[0], self.config.patch_size, self.config.grid_size
         c = x.shape[2] // (p * p)
-        x = x.reshape(n, g, g, p, p, c).transpose(2, 3)  # (N, gh, ph, gw, pw, C)
-        return x.reshape(n, g * p, g * p, c).permute(0, 3, 1, 2)  # (N, C, H, W), stored as (N, H, W, C)
+        x = x.reshape(n, g, g, p, p, c)  # (N, gh, gw, ph, pw, C)
+        if self.head is None:
+            return x.permute(0, 5, 1, 3, 2, 4).reshape(n, c, g * p, g * p)  # (N, C, gh, ph, gw, pw) -> (N, C, H, W)
+        x = x.transpose(2, 3).reshape(n, g * p, g * p, c)  # (N, gh, ph, gw, pw, C) -> (N, H, W, C)
+        return x.permute(0, 3, 1, 2)  # (N, C, H, W), stored as (N, H, W, C)
 
     def embed_image(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
         """x (N, C, H, W) -> tokens (N, T, D) with their positions, and the RoPE angles (or None)."""
@@ -318,7 +322,7 @@ class DiT(nn.Module):
     def decode(self, tokens: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         """The network's output image (N, C, H, W) from the last tokens (N, T, D) and c (N, D)."""
         out = self.unpatchify(self.final(tokens, c))  # (N, C or conv_channels, H, W)
-        return out if self.head is None else self.head(out)  # (N, C, H, W)
+        return out if self.head is None else self.head(out).contiguous()  # (N, C, H, W), contiguous as documented
 
     def velocity(self, x: torch.Tensor, t: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """The velocity (N, C, H, W) from the network's output ``out`` for x_t (N, C, H, W) at t (N,).
