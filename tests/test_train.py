@@ -290,18 +290,18 @@ def test_the_trainers_adamw_is_fused_on_a_cpu_and_takes_the_plain_adamw_step():
     assert not torch.equal(params[0], start)
 
 
-def test_a_run_begun_with_the_unfused_adamw_continues_with_it_exactly(tmp_path, monkeypatch):
+def test_a_run_begun_with_the_unfused_adamw_continues_with_it_exactly(tmp_path):
     """Checkpoints from before the fused AdamW: the continuation builds the optimizer they were written
     with, so it is exact, and fp16's gradient scaler takes the unfused step (a fused optimizer loaded with
     unfused settings would hand the scaler's arguments to an unfused step, which rejects them)."""
-    import tinydit.train.optim as train_module
-
     kw = dict(batch_size=8, limit=20)
-    with monkeypatch.context() as m:  # the old trainer: PyTorch's default (unfused) AdamW
-        m.setattr(train_module, "adamw", lambda *a, **k: adamw(*a, **{**k, "fused": False}))
-        straight = Trainer(fast_config(tmp_path / "a", steps=6, **kw), progress=False)
-        straight.fit()
-        Trainer(fast_config(tmp_path / "b", steps=3, **kw), progress=False).fit()
+
+    def unfused(*a, **k):  # the old trainer's optimizer: PyTorch's default (unfused) AdamW
+        return adamw(*a, **{**k, "fused": False})
+
+    straight = Trainer(fast_config(tmp_path / "a", steps=6, **kw), progress=False, optimizer=unfused)
+    straight.fit()
+    Trainer(fast_config(tmp_path / "b", steps=3, **kw), progress=False, optimizer=unfused).fit()
     resumed = Trainer(fast_config(tmp_path / "b", steps=6, **kw), progress=False)
     assert not resumed.run.opt.defaults["fused"] and not resumed.run.opt.param_groups[0]["fused"]
     resumed.fit()
@@ -434,3 +434,33 @@ def test_learning_rate_defaults_by_data_and_is_written_down(tmp_path):
     assert trainer.run.opt.param_groups[0]["lr"] == 2e-3  # the optimizer gets the resolved rate
     with pytest.raises(TinyDiTError, match="`lr` must be > 0"):
         TrainConfig(lr=0.0)
+
+
+def test_the_objective_the_model_builder_and_the_optimizer_are_parameters_of_the_run(tmp_path):
+    """An experiment swaps a part of the run by passing it, without monkeypatching the trainer or its modules."""
+    from tinydit.models.registry import build_model
+    from tinydit.train.objectives import StepLoss, flow_matching
+
+    seen = {}
+
+    def doubled(forward, model, batch):  # plain flow matching, minimised twice as hard
+        seen["batch"] = len(batch.x)
+        loss = flow_matching(forward, model, batch)
+        return StepLoss(2 * loss.minimised, loss.reported, loss.per_sample, loss.at_t)
+
+    def built(kind, config):
+        seen["kind"] = kind
+        return build_model(kind, config)
+
+    def sgd(params, device, lr, weight_decay=0.0, fused=None):
+        return torch.optim.SGD(params, lr=lr)
+
+    default = Trainer(fast_config(tmp_path / "a", steps=3), progress=False)
+    default.fit()
+    swapped = Trainer(
+        fast_config(tmp_path / "b", steps=3), progress=False, objective=doubled, build_model=built, optimizer=sgd
+    )
+    swapped.fit()
+    assert seen == {"batch": swapped.batch_size, "kind": "dit"} and isinstance(swapped.run.opt, torch.optim.SGD)
+    assert "nesterov" in load_checkpoint(tmp_path / "b" / "checkpoint.pt")["optimizer"]["param_groups"][0]  # SGD's
+    assert not _states_equal(default.run.model.state_dict(), swapped.run.model.state_dict())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,7 +45,8 @@ class Run:
     """A ``kind`` model of ``config`` on ``device`` with its EMA, AdamW and gradient scaler, at step 0.
 
     ``student_of``: a teacher's EMA weights to start from (distillation). ``unfused``: keep the unfused
-    AdamW of a checkpoint written before the fused one (the two round differently). The compiled
+    AdamW of a checkpoint written before the fused one (the two round differently). ``build`` and
+    ``optimizer``: what makes the model and its optimizer (``Trainer``'s parameters of the same names). The compiled
     wrappers (``forward``, ``ema_forward``) share the weights of ``model`` and ``ema``; checkpoints come
     from the originals. DDP averages the ranks' gradients in backward; the EMA (updated alike on every
     rank) needs none.
@@ -62,17 +64,19 @@ class Run:
         student_of: dict | None = None,
         unfused: bool = False,
         repa_encoder: str | None = None,
+        build: Callable[..., torch.nn.Module] = build_model,
+        optimizer: Callable[..., torch.optim.Optimizer] = optim.adamw,
     ):
         self.cfg = cfg
         torch.manual_seed(cfg.seed)
-        self.model = build_model(kind, config).to(device)  # fp32 master weights, saved as they are
+        self.model = build(kind, config).to(device)  # fp32 master weights, saved as they are
         if student_of is not None:
             distill.init_student(self.model, student_of)
         self.ema = copy.deepcopy(self.model).requires_grad_(False).eval()
         # REPA's projector trains beside the model (after it is copied: the EMA holds the model alone)
         self.alignment = Alignment(self.model, repa_encoder).to(device) if repa_encoder else None
         params = [*self.model.parameters(), *(self.alignment.parameters() if self.alignment else ())]
-        self.opt = optim.adamw(params, device, cfg.lr, cfg.weight_decay, fused=False if unfused else None)
+        self.opt = optimizer(params, device, cfg.lr, cfg.weight_decay, fused=False if unfused else None)
         self.world = world
         self.scaler = make_grad_scaler(device, precision)
         ddp = None

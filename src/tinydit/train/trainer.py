@@ -11,9 +11,11 @@ each rank keeping its share, so a stopped run continues exactly, on any number o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch import nn
 from torch.utils.data import Dataset
 
 from tinydit import distributed
@@ -22,11 +24,11 @@ from tinydit.errors import TinyDiTError
 from tinydit.eval.run_report import write_run_report
 from tinydit.files import RunDirLock, ensure_writable_dir
 from tinydit.flow.guidance import null_condition
-from tinydit.flow.meanflow import FoldedGuidance, check_jvp, draw_interval, meanflow_loss
-from tinydit.flow.path import flow_loss, sample_t
+from tinydit.flow.meanflow import check_jvp, draw_interval
+from tinydit.flow.path import sample_t
 from tinydit.flow.settings import SamplingSettings, recommended_sampling
-from tinydit.flow.shortcut import n_self_consistency, shortcut_loss
 from tinydit.models.checkpoint import load_checkpoint, unwrap
+from tinydit.models.registry import build_model
 from tinydit.runtime import autocast, resolve_device, resolve_precision
 from tinydit.train import optim
 from tinydit.train.budget import Budget, Clock
@@ -35,6 +37,7 @@ from tinydit.train.data import BatchOrder, prepare_data
 from tinydit.train.diagnostics import validation_losses
 from tinydit.train.events import Events, best_metric
 from tinydit.train.log import RunLog
+from tinydit.train.objectives import OBJECTIVES, Objective, StepBatch
 from tinydit.train.repa import repa_encoder
 from tinydit.train.resolve import resolve
 from tinydit.train.run import Run, TrainResult
@@ -48,6 +51,12 @@ class Trainer:
 
     ``dataset`` (and ``val_dataset``): any map-style Dataset of (image (C, H, W) in [-1, 1], label) to
     train on instead of the data set ``cfg.data`` names (``tinydit.train.data``).
+
+    The parts an experiment swaps are parameters, each defaulting to what ``cfg`` asks for: ``objective``
+    (what a step minimises, ``tinydit.train.objectives``), ``build_model`` ((kind, model config) -> the
+    model, ``tinydit.models.registry.build_model``) and ``optimizer`` ((params, device, lr, weight_decay,
+    fused) -> the optimizer, ``tinydit.train.optim.adamw``). A run continued with other parts than it
+    started with is the caller's to judge: they are not recorded.
     """
 
     def __init__(
@@ -58,9 +67,16 @@ class Trainer:
         progress: bool = True,
         dataset: Dataset | None = None,
         val_dataset: Dataset | None = None,
+        *,
+        objective: Objective | None = None,
+        build_model: Callable[..., nn.Module] = build_model,
+        optimizer: Callable[..., torch.optim.Optimizer] = optim.adamw,
     ):
         # its defaults filled for the data set, once
         self.cfg, self.progress = resolve(cfg, dataset), progress
+        if objective is None and self.cfg.few_step != "distill":
+            objective = OBJECTIVES[self.cfg.few_step]
+        self.objective, self.parts = objective, (build_model, optimizer)
         self.out, self.ckpt_path = Path(cfg.out), Path(cfg.out) / "checkpoint.pt"
         # Held from before the checkpoint is read until fit() ends: one trainer per run directory.
         self.lock = RunDirLock(self.out)
@@ -118,7 +134,7 @@ class Trainer:
         unfused = state is not None and not state["optimizer"]["param_groups"][0].get("fused")
         student_of = teacher_state["ema"] if teacher_state is not None and state is None else None
         setup = (cfg.model, self.model_config, cfg, self.device, self.precision, self.world, self.compiled)
-        self.run = Run(*setup, student_of, unfused, repa_encoder(cfg.repa, self.data.name))
+        self.run = Run(*setup, student_of, unfused, repa_encoder(cfg.repa, self.data.name), *self.parts)
         if cfg.few_step == "meanflow":  # a model that cannot carry a tangent is refused before training
             check_jvp(unwrap(self.run.model), self.device, lambda: autocast(self.device, self.precision))
         if self.run.alignment is not None:  # the encoder runs once per training image, not once per step
@@ -183,29 +199,14 @@ class Trainer:
         if cfg.few_step == "meanflow":  # the interval [r, t]: drawn for the global batch, so ranks agree
             s = sample_t(n, generator=g, device=dev, kind=cfg.t_sampling, shift=cfg.t_shift)  # (N,)
             r, t = draw_interval(t, s, g)
-        x, y, t, r, noise = x[mine], y[mine], t[mine], r[mine], noise[mine]  # this rank's share: n = N / ranks
-        drop, null = drop[mine], null[mine]
-        fm = slice(None)  # the images trained by plain flow matching at their time t: all, or these
+        # this rank's share: n = N / ranks
+        b = StepBatch(x[mine], y[mine], t[mine], r[mine], noise[mine], drop[mine], null[mine], g_loss, cfg.meanflow_cfg)
         with autocast(dev, self.precision):
-            if cfg.few_step == "shortcut":
-                per_sample = shortcut_loss(run.forward, x, y, t, noise, generator=g_loss, reduce=False)  # (n,)
-                fm = slice(len(x) - n_self_consistency(len(x)))  # the rest are self-consistency examples
-                flow = reported = per_sample.mean()
-            elif cfg.few_step == "meanflow":
-                guidance = FoldedGuidance(cfg.meanflow_cfg, ~drop, null)
-                weighted, per_sample = meanflow_loss(run.forward, unwrap(run.model), x, y, r, t, noise, guidance)
-                fm = r == t  # (n,) bool; its target's JVP has synchronised the device already
-                flow = weighted.mean()  # what is minimised
-                # What is reported: the squared error at r = t (against the guided target where guidance is
-                # folded in), or of all images in a share with none at r = t.
-                reported = (per_sample[fm] if fm.any() else per_sample).mean()
-            else:
-                per_sample = flow_loss(run.forward, x, y, t, noise, reduce=False)  # (n,)
-                flow = reported = per_sample.mean()
-            align = run.alignment.loss(x, (idx[mine], flips[mine])) if run.alignment else None  # REPA: tokens vs x
-        self.events.window.add_times(t[fm], per_sample[fm], align)
-        run.update(flow if align is None else flow + cfg.repa * align, self.budget.lr_at(run.step))
-        return reported.detach()  # the flow-matching loss: comparable with runs that do not align
+            loss = self.objective(run.forward, run.model, b)
+            align = run.alignment.loss(b.x, (idx[mine], flips[mine])) if run.alignment else None  # REPA: tokens vs x
+        self.events.window.add_times(b.t[loss.at_t], loss.per_sample[loss.at_t], align)
+        run.update(loss.minimised if align is None else loss.minimised + cfg.repa * align, self.budget.lr_at(run.step))
+        return loss.reported.detach()  # the flow-matching loss: comparable with runs that do not align
 
     def validation_losses(self, model) -> tuple[float, list[float]]:
         """The loss on the fixed held-out images (a student: its teacher's validation paths) with fixed noise
