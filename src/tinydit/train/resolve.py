@@ -21,12 +21,12 @@ from tinydit.config import CHOICES as CONFIG_CHOICES
 from tinydit.config import TrainConfig
 from tinydit.data.names import DATASET_PREFIX, canonical_name, dataset_name
 from tinydit.errors import TinyDiTError
-from tinydit.flow.distill import KNOTS
 from tinydit.flow.path import T_SAMPLINGS
-from tinydit.flow.samplers import FIXED_STEP_SAMPLERS, check_sampler_args
+from tinydit.flow.samplers import FIXED_STEP_SAMPLERS
 from tinydit.models.presets import MLPS, MODEL_CONDS, MODEL_PRESETS, NORMS, POSITIONS, PREDICTIONS, default_preset
 from tinydit.tokens import parse_phrases
 from tinydit.train.repa import REPA_DEPTH, check_repa
+from tinydit.train.teacher import teacher_sampling
 
 __all__ = [
     "resolve",
@@ -139,14 +139,7 @@ def _check_teacher(cfg: TrainConfig, cond: str) -> None:
     """A distilled student's teacher settings, and its conditioning."""
     if cond != "class":
         raise TinyDiTError("`few_step` distill works with class-conditional models for now; drop `cond` text")
-    if cfg.teacher_sampler not in FIXED_STEP_SAMPLERS:
-        raise TinyDiTError(f"`teacher_sampler` must be {', '.join(FIXED_STEP_SAMPLERS)}, got {cfg.teacher_sampler!r}")
-    if cfg.teacher_steps < 1 or cfg.teacher_steps % KNOTS:
-        raise TinyDiTError(
-            f"`teacher_steps` must be a positive multiple of {KNOTS} (the teacher's path is "
-            f"kept at t = k/{KNOTS}), got {cfg.teacher_steps}"
-        )
-    check_sampler_args(cfg.teacher_steps, cfg.teacher_cfg, cfg.teacher_sampler, cfg_interval=cfg.teacher_cfg_interval)
+    teacher_sampling(cfg)  # checked as it is built
 
 
 def _holdout(holdout: str | None, cond: str, data: str) -> str | None:

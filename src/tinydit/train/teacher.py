@@ -18,12 +18,13 @@ from tinydit.errors import TinyDiTError
 from tinydit.files import torch_save
 from tinydit.flow.distill import KNOTS, distill_loss
 from tinydit.flow.generate import class_cycle
-from tinydit.flow.samplers import sample_path
+from tinydit.flow.samplers import FIXED_STEP_SAMPLERS, sample_path
+from tinydit.flow.settings import SamplingSettings
 from tinydit.models.checkpoint import load_checkpoint, load_model
 from tinydit.progress import Progress
 from tinydit.runtime import autocast
 
-__all__ = ["TeacherPaths", "Distillation", "teacher_paths", "load_teacher", "run_paths"]
+__all__ = ["TeacherPaths", "Distillation", "teacher_sampling", "teacher_paths", "load_teacher", "run_paths"]
 
 
 @dataclass
@@ -44,23 +45,37 @@ class TeacherPaths:
         return cls(d["states"], d["y"], int(d["nfe"]), float(d["seconds"]))
 
 
+def teacher_sampling(cfg) -> SamplingSettings:
+    """How a run's teacher samples its paths (``teacher_sampler``, ``teacher_steps``, ``teacher_cfg``,
+    ``teacher_cfg_interval``), checked: a fixed-step sampler on the uniform grid, its steps a multiple of
+    ``KNOTS`` (the path is kept at t = k / KNOTS)."""
+    if cfg.teacher_sampler not in FIXED_STEP_SAMPLERS:
+        raise TinyDiTError(f"`teacher_sampler` must be {', '.join(FIXED_STEP_SAMPLERS)}, got {cfg.teacher_sampler!r}")
+    if cfg.teacher_steps < 1 or cfg.teacher_steps % KNOTS:
+        raise TinyDiTError(
+            f"`teacher_steps` must be a positive multiple of {KNOTS} (the teacher's path is "
+            f"kept at t = k/{KNOTS}), got {cfg.teacher_steps}"
+        )
+    interval = cfg.teacher_cfg_interval
+    return SamplingSettings(
+        cfg.teacher_sampler, cfg.teacher_steps, cfg.teacher_cfg, cfg_interval=interval, source="the teacher's paths"
+    )
+
+
 @torch.no_grad()
 def teacher_paths(
     teacher: nn.Module,
     n: int,
     seed: int,
-    sampler: str = "heun",
-    steps_per_knot: int = 1,
-    cfg_scale: float = 1.0,
-    cfg_interval: tuple[float, float] | None = None,
+    settings: SamplingSettings,
     batch_size: int = 500,
     autocast_ctx=None,
     progress: bool = True,
 ) -> TeacherPaths:
     """``n`` paths of the teacher, class-balanced, from noise drawn with ``seed``.
 
-    The teacher runs ``sampler`` on the uniform grid of ``KNOTS * steps_per_knot`` steps (as
-    ``tinydit sample --sampler S --steps KNOTS*steps_per_knot`` would) and every knot is kept.
+    The teacher runs ``settings``' fixed-step sampler on the uniform grid of its steps (as ``tinydit
+    sample`` with those settings would) and every knot, every ``steps / KNOTS`` steps, is kept.
     ``autocast_ctx``: a zero-argument callable returning the precision context to run the teacher in.
     """
     if n < 1:
@@ -76,14 +91,14 @@ def teacher_paths(
     for i in range(0, n, batch_size):
         with autocast_ctx() if autocast_ctx is not None else nullcontext():
             path, nfe = sample_path(
-                sampler,
+                settings.sampler,
                 teacher,
                 noise[i : i + batch_size].to(device),
                 y[i : i + batch_size].to(device),
                 KNOTS,
-                steps_per_knot,
-                cfg_scale,
-                cfg_interval=cfg_interval,
+                settings.steps // KNOTS,
+                settings.cfg_scale,
+                cfg_interval=settings.cfg_interval,
             )
         states[i : i + batch_size] = path.transpose(0, 1).float().cpu().to(torch.float16)  # (b, KNOTS + 1, C, H, W)
         bar.update(len(path[0]))
@@ -115,12 +130,13 @@ def run_paths(cfg, teacher_state: dict, cache: Path, device, precision: str, pro
     """A run's training and validation paths (``cfg.distill_paths`` and ``cfg.val_size`` of them, from
     two seeds derived from ``cfg.seed``): sampled once with the run's ``teacher_*`` settings, then read
     from ``cache``. Returns two ``TeacherPaths``."""
-    settings = {
+    sampling = teacher_sampling(cfg)
+    settings = {  # the cache's key, in the names caches were written with (a renamed key would sample again)
         "teacher": str(cfg.teacher),
-        "sampler": cfg.teacher_sampler,
-        "steps": cfg.teacher_steps,
-        "cfg": cfg.teacher_cfg,
-        "cfg_interval": list(cfg.teacher_cfg_interval),
+        "sampler": sampling.sampler,
+        "steps": sampling.steps,
+        "cfg": sampling.cfg_scale,
+        "cfg_interval": list(sampling.cfg_interval),
         "n": cfg.distill_paths,
         "val": cfg.val_size,
         "seed": cfg.seed,
@@ -132,10 +148,8 @@ def run_paths(cfg, teacher_state: dict, cache: Path, device, precision: str, pro
             return TeacherPaths.from_dict(stored["train"]), TeacherPaths.from_dict(stored["val"])
         warnings.warn(f"{cache} was sampled with other settings; sampling the teacher's paths again", stacklevel=2)
     teacher, _ = load_model(teacher_state, map_location=device)
-    lo, hi = cfg.teacher_cfg_interval
     print(
-        f"sampling {cfg.distill_paths} + {cfg.val_size} paths of the teacher {cfg.teacher} ({cfg.teacher_sampler}, "
-        f"{cfg.teacher_steps} steps, guidance {cfg.teacher_cfg:g} for t in [{lo:g}, {hi:g}])",
+        f"sampling {cfg.distill_paths} + {cfg.val_size} paths of the teacher {cfg.teacher} ({sampling.describe()})",
         file=sys.stderr,
     )
     runs = {
@@ -143,10 +157,7 @@ def run_paths(cfg, teacher_state: dict, cache: Path, device, precision: str, pro
             teacher,
             n,
             seed=cfg.seed * 1_000_003 + 4243 + key,
-            sampler=cfg.teacher_sampler,
-            steps_per_knot=cfg.teacher_steps // KNOTS,
-            cfg_scale=cfg.teacher_cfg,
-            cfg_interval=cfg.teacher_cfg_interval,
+            settings=sampling,
             autocast_ctx=lambda: autocast(device, precision),
             progress=progress,
         )
