@@ -1,8 +1,9 @@
 """What a run does between its steps, each every so many steps: log the loss since the last log line,
 validate, draw the sample grid, evaluate (keeping the best checkpoint as best.pt) and checkpoint.
 
-Each event is given the ``Trainer``, as a callback is: it reads the run's parts and writes through its
-log.
+The events read the run's parts from the ``Trainer`` they are given, as a callback does, and write through
+its log; what they keep (the best evaluation so far, the last validation losses and grid) is theirs, and the
+trainer reads it back for its checkpoint and report. The log window takes its parts as arguments.
 Rank 0 alone validates, draws, evaluates and writes; every rank takes part in the logged loss's
 reduction and keeps the same clock of seconds trained.
 """
@@ -56,24 +57,15 @@ class Window:
         """Time spent in the window that is not training (an evaluation)."""
         self.started += seconds
 
-    def close(self, trainer, step: int) -> torch.Tensor:
-        """Log the window (the global batch's mean loss, per bin of t, rate, time) and start the next; returns
-        the loss per bin of t."""
-        world, now, seconds = trainer.world, Clock.now(), trainer.clock()
-        img_s = (step - self.step) * trainer.batch_size / max(now - self.started, 1e-9)
+    def close(self, step: int, log, world, batch_size: int, budget, seconds: float) -> torch.Tensor:
+        """Log the window (the global batch's mean loss, per bin of t, rate, time) into ``log`` at ``step`` after
+        ``seconds`` trained, and start the next; returns the loss per bin of t."""
+        now = Clock.now()
+        img_s = (step - self.step) * batch_size / max(now - self.started, 1e-9)
         loss = world.sum(self.loss / self.n) / world.size
         by_t = world.sum(self.bin_loss) / world.sum(self.bin_count)
         repa = None if self.repa_loss is None else (world.sum(self.repa_loss / self.n) / world.size).item()
-        trainer.log.window(
-            step,
-            loss.item(),
-            img_s,
-            trainer.budget.lr_at(step - 1),
-            seconds,
-            by_t,
-            trainer.budget.seconds_left(seconds),
-            repa,
-        )
+        log.window(step, loss.item(), img_s, budget.lr_at(step - 1), seconds, by_t, budget.seconds_left(seconds), repa)
         self.bin_loss.zero_(), self.bin_count.zero_(), self.loss.zero_()
         self.repa_loss = None
         self.n, self.started, self.step = 0, now, step
@@ -97,8 +89,9 @@ def best_metric(cfg, data_name: str, text: bool) -> tuple[str, bool]:
 class Events:
     """The periodic events of ``trainer``'s loop, and the last of each when it ends."""
 
-    def __init__(self, trainer):
+    def __init__(self, trainer, best: dict | None = None):
         self.trainer = trainer
+        self.best = best  # {metric, value, step} of best.pt, kept here and written into every checkpoint
         self.window = Window(trainer.device, trainer.run.step)
         self.val = self.val_ema = self.samples = None
         self.by_t: list[float] = []
@@ -111,7 +104,7 @@ class Events:
         """Every event due at ``step`` (the log line also when the loop stops)."""
         tr, cfg, main = self.trainer, self.trainer.cfg, self.trainer.world.main
         if step % cfg.log_every == 0 or stop:
-            self.by_t = self.window.close(tr, step)
+            self.by_t = self.window.close(step, tr.log, tr.world, tr.batch_size, tr.budget, tr.clock())
         if step % cfg.val_every == 0 and main:
             self.validate()
         if step % cfg.sample_every == 0 and main:
@@ -201,9 +194,9 @@ class Events:
                 f"`best_metric` {metric!r} is not among the evaluation's metrics ({', '.join(sorted(metrics))})"
             )
         value = metrics[metric]
-        best = tr.best is None or (value < tr.best["value"] if lower else value > tr.best["value"])
+        best = self.best is None or (value < self.best["value"] if lower else value > self.best["value"])
         if best:
-            tr.best = {"metric": metric, "value": value, "step": tr.run.step}
+            self.best = {"metric": metric, "value": value, "step": tr.run.step}
             save_checkpoint(tr.out / "best.pt", tr.state_dict())
         seconds = Clock.now() - t0
         tr.log.record(

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
+from torch import nn
 
 from tinydit import compiling
 from tinydit.errors import TinyDiTError
@@ -21,6 +22,8 @@ from tinydit.flow import distill
 from tinydit.flow.path import N_T_BINS
 from tinydit.models.dit import count_params
 from tinydit.progress import Progress
+from tinydit.train.data import RunData
+from tinydit.train.run import Run
 from tinydit.version import __version__
 
 __all__ = ["RunLog"]
@@ -93,30 +96,30 @@ class RunLog:
         if not self.quiet:
             print(message, file=sys.stderr)
 
-    def announce(self, trainer) -> None:
-        """The start-up lines of a ``tinydit.train.Trainer``'s run: what trains on what, or where it continues."""
-        cfg, data, device, step = trainer.cfg, trainer.data, trainer.device, trainer.run.step
+    def announce(
+        self, cfg, preset: str, data: RunData, model: nn.Module, step: int, device: torch.device, compiled: bool
+    ) -> None:
+        """The start-up lines of a run of resolved config ``cfg``: what trains on what, or where it continues."""
         if step:
-            self.say(f"continuing {trainer.out} from step {step}")
+            self.say(f"continuing {cfg.out} from step {step}")
         else:
-            what = f"{trainer.preset}, text-conditioned," if cfg.cond == "text" else trainer.preset
+            what = f"{preset}, text-conditioned," if cfg.cond == "text" else preset
             held = f", {data.n_held_out} held out: {cfg.holdout}" if data.n_held_out else ""
-            ds, params = data.train_set, count_params(trainer.run.model)
+            ds, params = data.train_set, count_params(model)
             self.say(
                 f"training {what} ({params / 1e6:.2f}M parameters) on {data.name} ({len(ds)} images, "
-                f"{ds.channels}x{ds.img_size}x{ds.img_size}{held}) on {device}; run directory {trainer.out}"
+                f"{ds.channels}x{ds.img_size}x{ds.img_size}{held}) on {device}; run directory {cfg.out}"
             )
-        if trainer.compiled and cfg.compile == "auto" and device.type == "cpu":
+        if compiled and cfg.compile == "auto" and device.type == "cpu":
             self.say(
                 f"compiling the model's blocks: a CPU run of {cfg.minutes:g} minutes wins back the half-minute "
                 f"it takes from an empty cache (kept in {compiling.cache_dir()}; --compile off to skip)"
             )
 
-    def write_config(self, trainer) -> None:
-        """``config.json`` of a ``tinydit.train.Trainer``'s run: the resolved training and model config, what
-        the run runs on (device, precision, kernels, the number of processes), and versions; text runs add
+    def write_config(self, cfg, preset: str, data: RunData, model_config, run: Run, processes: int) -> None:
+        """``config.json`` of a run: the resolved training config ``cfg`` and model config, what the run runs
+        on (device, precision, compiled or not, kernels, the number of processes), and versions; text runs add
         their tokenizer's sizes and hold-out."""
-        cfg, data, model_config = trainer.cfg, trainer.data, trainer.model_config
         text = None
         if data.tokenizer is not None:
             text = {
@@ -127,31 +130,30 @@ class RunLog:
                 "grid_prompts": data.prompts,
             }
         resolved = {
-            "train": {**cfg.to_dict(), "preset": trainer.preset},
+            "train": {**cfg.to_dict(), "preset": preset},
             "model_type": cfg.model,
             "model": model_config.to_dict(),
             "data": {"name": data.name, "classes": data.train_set.classes, "train_images": len(data.train_set)},
-            "params": count_params(trainer.run.model),
-            "device": str(trainer.device),
-            "processes": trainer.world.size,
-            "precision": trainer.precision,
-            "compile": trainer.compiled,
-            "kernels": trainer.run.kernels(),
+            "params": count_params(run.model),
+            "device": str(run.device),
+            "processes": processes,
+            "precision": run.precision,
+            "compile": run.compiled,
+            "kernels": run.kernels(),
             "tinydit_version": __version__,
             "torch_version": torch.__version__,
             **({"text": text} if text is not None else {}),
         }
         write_text(self.path.parent / "config.json", json.dumps(resolved, indent=2) + "\n")
 
-    def report(self, trainer) -> None:
-        """The closing lines of a ``tinydit.train.Trainer``'s run: its validation losses and files."""
-        events, run = trainer.events, trainer.run
+    def report(self, run: Run, events, checkpoint: Path, distilled: bool) -> None:
+        """The closing lines of a run: its validation losses (``events``' last) and files."""
         self.say(
             f"step {run.step}: val loss {events.val:.4f} (EMA {events.val_ema:.4f}) after "
-            f"{run.train_seconds / 60:.1f} min; checkpoint {trainer.ckpt_path}, samples {events.samples}"
+            f"{run.train_seconds / 60:.1f} min; checkpoint {checkpoint}, samples {events.samples}"
         )
         by_t = events.by_t
-        if trainer.teacher is not None:  # a distilled student: its losses by step count
+        if distilled:  # a distilled student: its losses by step count
             pairs = zip(distill.STUDENT_STEPS, by_t, strict=True)
             self.say("EMA val loss by step count: " + ", ".join(f"{n} steps {v:.4f}" for n, v in pairs))
         else:

@@ -85,7 +85,7 @@ class Run:
         self.forward = maybe_compile(ddp or self.model, compiled)
         # The grids' and evaluations' sampling: on a CPU a few seconds a run, less than compiling it would cost.
         self.ema_forward = maybe_compile(self.ema, compiled and device.type != "cpu")
-        self.device, self.precision = device, precision
+        self.device, self.precision, self.compiled = device, precision, compiled
         self.step, self.train_seconds = 0, 0.0
         self.linear_kernel: str | None = None  # None: whatever the caller's context (or auto) picks
 

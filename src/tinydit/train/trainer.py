@@ -118,7 +118,6 @@ class Trainer:
         cfg, main = self.cfg, self.world.main
         self.log = RunLog(self.out, self.progress, cfg.tensorboard, quiet=not main)
         self.text = cfg.cond == "text"
-        self.best = state.get("best") if state is not None else None  # {metric, value, step} of best.pt
         # The sampler settings the checkpoint records for sampling it: a continued run keeps its record
         # (`tinydit sweep --apply` may have written it), a new one takes the measured best for its setup.
         self.sampling = (
@@ -149,9 +148,9 @@ class Trainer:
         self.batch_size = min(cfg.batch_size, n_train)
         distributed.check_split(self.batch_size, self.world.size)
         self.order = BatchOrder(n_train, self.batch_size, cfg.seed)
-        self.events = Events(self)
+        self.events = Events(self, state.get("best") if state is not None else None)
         if main:  # config.json: the resolved config and what the run runs on
-            self.log.write_config(self)
+            self.log.write_config(cfg, self.preset, self.data, self.model_config, self.run, self.world.size)
 
     def state_dict(self) -> dict:
         """The checkpoint: everything needed to sample from the run or to continue it exactly."""
@@ -163,7 +162,7 @@ class Trainer:
             "train_config": {**self.cfg.to_dict(), "preset": self.preset},
             "data": self.data.record(),
             **self.run.state_dict(),
-            "best": self.best,
+            "best": self.events.best,
             "sampling": self.sampling.to_json(),
             "plan": self.budget.plan,
             "kernels": {"device": self.device.type, "precision": self.precision, **self.run.kernels()},
@@ -232,7 +231,7 @@ class Trainer:
         if budget.done(run.step, clock()):
             log.say(f"{self.out}: already trained to step {run.step}; raise --steps or --minutes to continue")
             return TrainResult(run.step, run.train_seconds, None, None, self.ckpt_path, None)
-        log.announce(self)
+        log.announce(cfg, self.preset, self.data, run.model, run.step, self.device, self.compiled)
         log.start(cfg.steps, run.step)
         run.model.train()
         events = self.events
@@ -267,6 +266,6 @@ class Trainer:
             events.finish(run.step)
             if cfg.report:
                 write_run_report(self.out)
-            log.report(self)
+            log.report(run, events, self.ckpt_path, distilled=self.teacher is not None)
         world.barrier()  # every rank returns once the run's files are written
         return TrainResult(run.step, run.train_seconds, events.val, events.val_ema, self.ckpt_path, events.samples)
