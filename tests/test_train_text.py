@@ -129,3 +129,15 @@ def test_training_times_default_by_conditioning_and_data():
     assert times(data="fashion-mnist") == ("uniform", 1.0)
     assert times(model="mmdit", t_sampling="uniform") == ("uniform", 1.0)
     assert times(t_sampling="uniform", t_shift=1.0) == ("uniform", 1.0)
+
+
+def test_a_text_run_evaluates_its_own_prompts_and_hold_out_while_it_trains(tmp_path):
+    """The evaluation during training asks the run's own data (its tokenizer, its held-out phrases) for prompt
+    adherence, the metric a shapes text run keeps best.pt by, as `tinydit eval` asks its checkpoint."""
+    cfg = fast_config(tmp_path, **MMDIT, steps=2, batch_size=8, limit=64, eval_every=2, eval_n=20)
+    Trainer(cfg, progress=False).fit()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    evaluation = next(r for r in records if "eval/adherence_all_all" in r)
+    assert evaluation["best_metric"] == "adherence_all_all" and evaluation["step"] == 2
+    held = load_checkpoint(tmp_path / "checkpoint.pt")["train_config"]["holdout"]
+    assert held == "red triangle,blue circle" and "eval/adherence_all_held_out" in evaluation

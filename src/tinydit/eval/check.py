@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from tinydit.data.text import tokenizer_of
 from tinydit.errors import TinyDiTError
 from tinydit.eval.features import FEATURE_NETS, extract, load_feature_net
-from tinydit.eval.sampling import sample_for_eval
+from tinydit.eval.sampling import EvalTarget, sample_for_eval
 from tinydit.eval.shape_fit import strict_scores
 from tinydit.flow.settings import SamplingSettings
 from tinydit.images import to_uint8
@@ -41,11 +40,12 @@ def check_model(checkpoint, n: int, seed: int = 0, steps: int | None = None) -> 
     recorded sampler settings (``steps`` of them, if given: a cheaper check), scored as above. Text models
     are asked every shape x colour x background prompt in turn, as ``tinydit eval`` asks them."""
     model, state = load_model(checkpoint)
+    target = EvalTarget.of_checkpoint(state)
     x, labels, info = sample_for_eval(
-        model, state, n, SamplingSettings.from_checkpoint(state).with_flags(steps=steps), seed
+        model, target, n, SamplingSettings.from_checkpoint(state).with_flags(steps=steps), seed
     )
-    if tokenizer_of(state) is None:
-        return check_scores(to_uint8(x), labels, state["data"]["name"])
-    if state["data"]["name"] != "shapes":
+    if target.tokenizer is None:
+        return check_scores(to_uint8(x), labels, target.data)
+    if target.data != "shapes":
         raise TinyDiTError("a text model can be checked on shapes only: its prompts are read back from the pixels")
     return {"adherence_all_seen": info["adherence_all_seen"], "shape_strict": info["shape_strict"]}

@@ -5,13 +5,14 @@ training's evaluations call)."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from tinydit.data.datasets import canonical_name
 from tinydit.data.shapes import SHAPES, caption
-from tinydit.data.text import class_captions, parse_phrases, tokenizer_of
+from tinydit.data.text import Tokenizer, class_captions, parse_phrases, tokenizer_of
 from tinydit.distributed import SINGLE, World
 from tinydit.errors import TinyDiTError
 from tinydit.eval.adherence import flatten, prompts_for, score, shape_accuracy
@@ -22,21 +23,37 @@ from tinydit.flow.generate import class_cycle, generate
 from tinydit.flow.settings import SamplingSettings
 from tinydit.models.checkpoint import load_model
 
-__all__ = ["eval_conditions", "generate_for_eval", "sample_for_eval", "score_model"]
+__all__ = ["EvalTarget", "eval_conditions", "generate_for_eval", "sample_for_eval", "score_model"]
 
 
-def eval_conditions(state: dict, n: int) -> tuple[torch.Tensor, torch.Tensor, list[dict] | None]:
-    """What n evaluation samples of a checkpoint are conditioned on: y (labels (n,), or caption ids
-    (n, L) for a text model), each sample's class (n,), and for a shapes text model its prompt's
-    attributes (for prompt adherence; else None).
+@dataclass(frozen=True)
+class EvalTarget:
+    """What a model's evaluation samples are asked to be: its data set's canonical name and classes, and for a
+    text model its tokenizer and the phrases its training held out. A checkpoint gives one
+    (``of_checkpoint``); a run in training gives its own, from its data."""
+
+    data: str
+    classes: tuple[str, ...]
+    tokenizer: Tokenizer | None = None
+    holdout: tuple[str, ...] = ()
+
+    @classmethod
+    def of_checkpoint(cls, state: dict) -> EvalTarget:
+        holdout = parse_phrases((state.get("train_config") or {}).get("holdout") or "")
+        return cls(state["data"]["name"], tuple(state["data"]["classes"]), tokenizer_of(state), tuple(holdout))
+
+
+def eval_conditions(target: EvalTarget, n: int) -> tuple[torch.Tensor, torch.Tensor, list[dict] | None]:
+    """What n evaluation samples of ``target`` are conditioned on: y (labels (n,), or caption ids (n, L) for a
+    text model), each sample's class (n,), and for a shapes text model its prompt's attributes (for prompt
+    adherence; else None).
 
     Text prompts: for shapes every shape x colour x background combination in turn (``tinydit.eval.adherence``),
     held-out ones included; for CIFAR-10 and Fashion-MNIST the class template ("a photo of a sneaker");
     for an image folder the folder's name. So the samples stay class-balanced, as for class models.
     """
 
-    classes, data = state["data"]["classes"], state["data"]["name"]
-    tokenizer = tokenizer_of(state)
+    classes, data, tokenizer = list(target.classes), target.data, target.tokenizer
     if tokenizer is None:
         labels = class_cycle(n, len(classes))
         return labels, labels, None
@@ -85,14 +102,15 @@ def generate_for_eval(
         where = "the checkpoint" if isinstance(checkpoint, dict) else checkpoint
         raise TinyDiTError(f"{where} was trained on {trained_on}, not {data}; drop `data`")
     spec = spec_for(trained_on)  # an unsupported data set fails before any sampling
-    x, labels, info = sample_for_eval(model, state, n, settings, seed, progress=progress, world=world)
+    target = EvalTarget.of_checkpoint(state)
+    x, labels, info = sample_for_eval(model, target, n, settings, seed, progress=progress, world=world)
     sampler = {**settings.filled().to_json(), "seed": seed}
     return x, labels, spec, state["data"]["classes"], {**info, "sampler": sampler}
 
 
 def sample_for_eval(
     model,
-    state: dict,
+    target: EvalTarget,
     n: int,
     settings: SamplingSettings,
     seed: int,
@@ -100,17 +118,16 @@ def sample_for_eval(
     progress: bool = False,
     world: World = SINGLE,
 ) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """n class-balanced samples of ``model`` (``state``: its checkpoint dict, or one with the same
-    ``data``, ``tokenizer`` and ``train_config``): images, labels and info (model evaluations per image,
-    seconds; for a shapes text model the prompt-adherence scores, ``adherence_*``)."""
-    y, labels, attrs = eval_conditions(state, n)
+    """n class-balanced samples of ``model``, asked to be ``target``: images, labels and info (model
+    evaluations per image, seconds; for a shapes text model the prompt-adherence scores, ``adherence_*``)."""
+    y, labels, attrs = eval_conditions(target, n)
     started = time.perf_counter()
     res = generate(model, y, settings, seed, progress=progress, world=world)
     info = {"nfe_per_image": res.nfe, "generation_seconds": time.perf_counter() - started}
     if attrs is not None:
-        holdout = parse_phrases(state["train_config"].get("holdout") or "")
+        holdout = list(target.holdout)
         info.update(flatten(score(res.x, attrs, holdout)), adherence_holdout=",".join(holdout) or "none")
-    if state["data"]["name"] == "shapes":  # class or text: is the shape its label or prompt asked for drawn?
+    if target.data == "shapes":  # class or text: is the shape its label or prompt asked for drawn?
         # The strict judge (a clean shape of the asked kind fits; tinydit.eval.shape_fit) is the quality
         # figure; read_shape's lenient reading stays beside it as a diagnostic.
         info.update({f"shape_{k}": v for k, v in strict_scores(res.x, labels).items()})
@@ -121,7 +138,7 @@ def sample_for_eval(
 
 def score_model(
     model,
-    state: dict,
+    target: EvalTarget,
     n: int,
     settings: SamplingSettings,
     seed: int = 0,
@@ -132,6 +149,6 @@ def score_model(
 ) -> dict:
     """``sample_for_eval``'s samples scored with the offline metrics against the test split: one flat dict
     of numbers (what evaluation during training logs)."""
-    x, labels, info = sample_for_eval(model, state, n, settings, seed, progress=progress)
-    metrics = evaluate(x.float(), labels, spec_for(state["data"]["name"]), root=root, cache_dir=cache_dir)
+    x, labels, info = sample_for_eval(model, target, n, settings, seed, progress=progress)
+    metrics = evaluate(x.float(), labels, spec_for(target.data), root=root, cache_dir=cache_dir)
     return {k: v for k, v in {**metrics, **info}.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}

@@ -31,7 +31,7 @@ from tinydit.errors import TinyDiTError
 from tinydit.eval.evaluate import DEFAULT_CACHE, evaluate, spec_for
 from tinydit.eval.metrics import MIN_SAMPLES
 from tinydit.eval.plot import MARKERS, line_plot
-from tinydit.eval.sampling import eval_conditions
+from tinydit.eval.sampling import EvalTarget, eval_conditions
 from tinydit.files import ensure_writable_dir, write_text
 from tinydit.flow.generate import generate
 from tinydit.flow.samplers import SAMPLER_NAMES
@@ -129,7 +129,7 @@ def run_sweep(
     reused = sum(json.dumps(p, sort_keys=True) in done for p in points)
     if reused:
         print(f"continuing the sweep in {out}: {reused} of {len(points)} settings are done", file=sys.stderr)
-    y, labels, _ = eval_conditions(state, n)  # labels, or prompts for a text model
+    y, labels, _ = eval_conditions(EvalTarget.of_checkpoint(state), n)  # labels, or prompts for a text model
     rows: list[dict] = []
     bar = Progress(len(points), "sweep", unit="setting", enabled=progress)
     for point in points:

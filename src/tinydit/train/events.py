@@ -17,7 +17,7 @@ import torch
 from tinydit.compiling import eagerly
 from tinydit.errors import TinyDiTError
 from tinydit.eval.evaluate import default_best_metric, lower_is_better
-from tinydit.eval.sampling import score_model
+from tinydit.eval.sampling import EvalTarget, score_model
 from tinydit.flow.path import N_T_BINS, t_bins
 from tinydit.runtime import autocast
 from tinydit.train import optim
@@ -174,15 +174,13 @@ class Events:
         tr = self.trainer
         t0 = Clock.now()
         metric, lower = tr.best_metric  # chosen once, when the run was set up
-        state = {
-            "data": {"name": tr.data.name, "classes": tr.data.train_set.classes},
-            "train_config": tr.cfg.to_dict(),
-            "tokenizer": tr.data.tokenizer.to_dict() if tr.text else None,
-        }
+        # what the samples are asked to be: the run's own data, not a checkpoint's record of it
+        classes = tuple(tr.data.train_set.classes)
+        target = EvalTarget(tr.data.name, classes, tr.data.tokenizer, tr.cfg.held_out_phrases())
         with autocast(tr.device, tr.precision):  # the run's precision: its scores follow the run, not the machine
             metrics = score_model(
                 tr.run.ema_forward,
-                state,
+                target,
                 tr.cfg.eval_n,
                 tr.sampling,
                 seed=tr.cfg.seed,
