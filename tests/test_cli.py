@@ -120,7 +120,7 @@ def _not_a_checkpoint(tmp_path):
         (lambda p: ["train", "--data", "cifar10", "--data-root", p / "empty", "--out", p / "r"], "CIFAR-10 is not in"),
         (lambda p: ["train", "--data", p, "--out", p / "r"], "no images found"),
         (lambda p: ["train", "--data", _folder_with_only_corrupt_files(p), "--out", p / "r"], "1 unreadable images"),
-        (lambda p: ["train", "--data", "mnist-ish", "--out", p / "r"], "unknown data set"),
+        (lambda p: ["train", "--data", "mnist-ish", "--out", p / "r"], "unknown data set 'mnist-ish'"),
         (lambda p: ["train", "--preset", "huge", "--out", p / "r"], "unknown preset"),
         (lambda p: ["train", "--steps", 0, "--out", p / "r"], "--steps must be >= 1"),
         (lambda p: ["sample", "--checkpoint", p / "missing.pt"], "does not exist"),

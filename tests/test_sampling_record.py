@@ -7,6 +7,7 @@ import json
 import re
 import shutil
 
+import numpy as np
 import pytest
 import torch
 from conftest import fast_config
@@ -212,6 +213,8 @@ def test_sampling_settings_are_checked_once_merged_flag_by_flag_and_read_back_fr
     assert (filled.shift, filled.rtol, filled.atol, filled.eta) == (3.0, 1e-3, 1e-3, None)
     assert SamplingSettings("euler", 8, 2.0).filled() == SamplingSettings("euler", 8, 2.0)
     assert HEUN.note == "sampling with heun, 3 steps, guidance 1.5 on t in [0.2, 0.9]: a test"
+    assert SamplingSettings("ancestral", 8, 1.0, eta=0.0).describe() == "ancestral, 8 steps, guidance 1, eta 0"
+    assert SamplingSettings("euler", np.int64(8), 2.0).steps == 8  # a sweep's numpy integers are integers too
 
 
 def test_the_guidance_scale_flag_has_one_name_and_keeps_its_short_alias(tiny_run, tmp_path, capsys):

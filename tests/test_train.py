@@ -464,3 +464,14 @@ def test_the_objective_the_model_builder_and_the_optimizer_are_parameters_of_the
     assert seen == {"batch": swapped.batch_size, "kind": "dit"} and isinstance(swapped.run.opt, torch.optim.SGD)
     assert "nesterov" in load_checkpoint(tmp_path / "b" / "checkpoint.pt")["optimizer"]["param_groups"][0]  # SGD's
     assert not _states_equal(default.run.model.state_dict(), swapped.run.model.state_dict())
+
+
+def test_an_objective_that_does_not_fit_the_run_is_refused_before_anything_is_written(tmp_path):
+    from tinydit.train.objectives import flow_matching, mean_flow, shortcut
+
+    for objective, few_step in ((mean_flow, "meanflow"), (shortcut, "shortcut")):
+        with pytest.raises(TinyDiTError, match=f"`objective` {objective.__name__} needs `few_step` {few_step}"):
+            Trainer(fast_config(tmp_path / "r", steps=1), progress=False, objective=objective)
+    with pytest.raises(TinyDiTError, match="distill trains on its teacher's paths: it takes no `objective`"):
+        Trainer(fast_config(tmp_path / "r", few_step="distill", teacher="none.pt"), objective=flow_matching)
+    assert not (tmp_path / "r").exists()

@@ -224,7 +224,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     kinds = {"samplers": str, "steps": int, "cfg_scales": float, "tols": float}  # comma-separated lists
-    lists = {name: parse_list(getattr(args, name), kind, f"`{name}`") for name, kind in kinds.items()}  # main: its flag
+    # an error names the parameter in backticks, which main() prints as its flag
+    lists = {name: parse_list(getattr(args, name), kind, f"`{name}`") for name, kind in kinds.items()}
     rows = _call(api.sweep, args, command=_command(args), **lists)
     with open(f"{args.out}/sweep.md") as f:
         print(f.read(), end="")

@@ -42,7 +42,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from tinydit.data.cache import CachedDataset
-from tinydit.data.names import BUILTIN_DATASETS, canonical_name
+from tinydit.data.names import BUILTIN_DATASETS, canonical_name, known_name
 from tinydit.data.shapes import ShapesDataset
 from tinydit.data.text import class_captions
 from tinydit.errors import TinyDiTError
@@ -345,7 +345,7 @@ def load_dataset(
     choice is stable as files are added) are held out, and if that leaves none the whole folder is
     used for both.
     """
-    return open_dataset(canonical_name(name), train, root, download, limit, shapes_size, stacklevel=3)
+    return open_dataset(known_name(name), train, root, download, limit, shapes_size, stacklevel=3)
 
 
 def open_dataset(
@@ -358,7 +358,8 @@ def open_dataset(
     *,
     stacklevel: int = 2,
 ) -> CachedDataset:
-    """``load_dataset`` for a name already made canonical (``canonical_name``), as a resolved run holds it."""
+    """``load_dataset`` for a name already made canonical (``canonical_name``: a built-in name, or an image
+    folder's absolute path), as a resolved run holds it."""
     download = download and os.environ.get("TINYDIT_OFFLINE", "") in ("", "0")
     if key == "shapes":
         n = shapes_size if shapes_size is not None else (20000 if train else 2000)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["BUILTIN_DATASETS", "DATASET_PREFIX", "canonical_name", "dataset_name"]
+from tinydit.errors import TinyDiTError
+
+__all__ = ["BUILTIN_DATASETS", "DATASET_PREFIX", "canonical_name", "dataset_name", "known_name"]
 
 # The built-in data sets and the spellings accepted for them; anything else is an image folder's path.
 BUILTIN_DATASETS = ("shapes", "fashion-mnist", "cifar10")
@@ -32,3 +34,14 @@ def canonical_name(name: str) -> str:
     """A built-in data set's canonical name, or the absolute path of an image folder."""
     key = name.lower().replace("_", "-")
     return _DATA_ALIASES.get(key) or str(Path(name).expanduser().resolve())
+
+
+def known_name(name: str, what: str = "data set") -> str:
+    """``canonical_name(name)``, refused (naming ``name`` as the user spelled it) unless it is a built-in data
+    set or a path that exists (what is there is checked where it is read: an image folder)."""
+    key = canonical_name(name)
+    if key not in BUILTIN_DATASETS and not Path(key).exists():
+        raise TinyDiTError(
+            f"unknown {what} {name!r}: use one of {', '.join(BUILTIN_DATASETS)} or the path of an image folder"
+        )
+    return key

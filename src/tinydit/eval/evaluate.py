@@ -29,7 +29,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tinydit.data.datasets import canonical_name, decode_folder, folder_signature, open_dataset
+from tinydit.data.datasets import decode_folder, folder_signature, open_dataset
+from tinydit.data.names import known_name
 from tinydit.data.shapes import RENDER_VERSION
 from tinydit.errors import TinyDiTError
 from tinydit.eval.features import FEATURE_NETS, extract, load_feature_net
@@ -68,7 +69,7 @@ class EvalSpec:
 def eval_spec(data: str | EvalSpec) -> EvalSpec:
     """How samples of ``data`` (a built-in name or an image folder, in any spelling) are evaluated; the
     name is made canonical here, once, and every function below takes the spec in its place."""
-    return data if isinstance(data, EvalSpec) else spec_for(canonical_name(data))
+    return data if isinstance(data, EvalSpec) else spec_for(known_name(data, "reference"))
 
 
 def spec_for(name: str) -> EvalSpec:

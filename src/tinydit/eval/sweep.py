@@ -11,7 +11,8 @@ holds
     sweep.png    FID against nfe (log scale), one line per sampler and guidance scale
 
 and is rewritten after each combination. Re-running the same command continues a sweep: rows already
-in ``sweep.json`` for the same checkpoint (and step) and settings are kept, not recomputed.
+in ``sweep.json`` for the same checkpoint (and step) and settings are kept, not recomputed (a sweep.json of
+an older format, ``SWEEP_FORMAT``, is sampled again).
 """
 
 from __future__ import annotations
@@ -267,7 +268,8 @@ def sweep_rows(out: str | Path) -> list[dict]:
 
 
 def best_setting(rows: list[dict], max_nfe: float, n: int, seed: int) -> SamplingSettings:
-    """The sweep row with the lowest FID within ``max_nfe`` model evaluations per image, as a record."""
+    """The settings of the sweep row with the lowest FID within ``max_nfe`` model evaluations per image, with a
+    source that says so (what ``--apply`` records)."""
     within = [r for r in rows if r["nfe"] <= max_nfe]
     if not within:
         raise TinyDiTError(

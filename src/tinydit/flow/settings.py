@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import operator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,8 +61,12 @@ class SamplingSettings:
     source: str = UNMEASURED  # where these settings came from: a measurement, the defaults, flags
 
     def __post_init__(self):
-        if isinstance(self.steps, bool) or not isinstance(self.steps, int):
-            raise TinyDiTError(f"`steps` must be an integer, got {self.steps!r}")
+        try:  # any integer type (a numpy one from a sweep's arange too), never a float or a bool
+            if isinstance(self.steps, bool):
+                raise TypeError
+            object.__setattr__(self, "steps", operator.index(self.steps))
+        except TypeError:
+            raise TinyDiTError(f"`steps` must be an integer, got {self.steps!r}") from None
         if isinstance(self.cfg_scale, bool) or not isinstance(self.cfg_scale, (int, float)):
             raise TinyDiTError(f"`cfg_scale` (the guidance scale) must be a number, got {self.cfg_scale!r}")
         object.__setattr__(self, "cfg_scale", float(self.cfg_scale))
@@ -150,7 +155,8 @@ class SamplingSettings:
             what += f" on t in [{self.cfg_interval[0]:g}, {self.cfg_interval[1]:g}]"
         if self.grid != "uniform":
             what += f", {self.grid} grid" + (f" (shift {self.shift:g})" if self.shift else "")
-        return what + "".join(f", {k} {getattr(self, k):g}" for k in ("eta", "rtol", "atol") if getattr(self, k))
+        options = ("eta", "rtol", "atol")
+        return what + "".join(f", {k} {getattr(self, k):g}" for k in options if getattr(self, k) is not None)
 
     @property
     def note(self) -> str:

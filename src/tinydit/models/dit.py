@@ -252,7 +252,8 @@ class DiT(nn.Module):
         n, c, h, w = x.shape
         p = self.config.patch_size
         # Cut channels-last (the conv stem's layout, where the permute below is free), so that the copy moves
-        # runs of C values instead of runs of p; the weight is put in the same (ph, pw, C) order.
+        # runs of C values instead of runs of p; the weight is put in the same (ph, pw, C) order. Without a
+        # stem the image itself (C = 1 or 3) is copied, a small tensor either way.
         x = x.permute(0, 2, 3, 1)  # (N, H, W, C)
         patches = x.reshape(n, h // p, p, w // p, p, c).transpose(2, 3)  # (N, gh, gw, ph, pw, C)
         patches = patches.reshape(n, (h // p) * (w // p), p * p * c)  # (N, T, p p C)

@@ -66,8 +66,8 @@ def sample_grid(
     per_class: int = 8,
 ) -> None:
     """Samples from fixed noise (drawn from ``noise_gen``) with the sampler ``settings``, written to each of
-    ``paths``: one column per class,
-    or in text runs one row of ``per_class`` images per prompt of ``data.prompts``."""
+    ``paths``: one column per class, or in text runs one row of ``per_class`` images per prompt of
+    ``data.prompts``."""
     if data.tokenizer is not None:
         ids = data.tokenizer.encode(data.prompts, warn=False)  # (P, L)
         y, nrow = ids.repeat_interleave(per_class, dim=0).to(device), per_class  # (P * per_class, L)

@@ -19,7 +19,7 @@ from torch.utils.data import Dataset
 
 from tinydit.config import CHOICES as CONFIG_CHOICES
 from tinydit.config import TrainConfig
-from tinydit.data.names import DATASET_PREFIX, canonical_name, dataset_name
+from tinydit.data.names import DATASET_PREFIX, canonical_name, dataset_name, known_name
 from tinydit.errors import TinyDiTError
 from tinydit.flow.path import T_SAMPLINGS
 from tinydit.flow.samplers import FIXED_STEP_SAMPLERS
@@ -93,7 +93,10 @@ def resolve(cfg: TrainConfig, dataset: Dataset | None = None) -> TrainConfig:
     if cfg.t_sampling is not None and cfg.t_sampling not in T_SAMPLINGS:
         raise TinyDiTError(f"`t_sampling` must be one of {', '.join(T_SAMPLINGS)}; got {cfg.t_sampling!r}")
     # the key of the per-data defaults below (a resolved Dataset run's name: its defaults are filled in)
-    data = cfg.data if cfg.data.startswith(DATASET_PREFIX) else canonical_name(cfg.data)
+    if cfg.data.startswith(DATASET_PREFIX):
+        data = cfg.data
+    else:  # a Dataset object trains instead: `data` only keys the defaults, so its name need not exist
+        data = canonical_name(cfg.data) if dataset is not None else known_name(cfg.data)
     trained_on = data if dataset is None else dataset_name(dataset)  # what the run records
     conds = MODEL_CONDS[cfg.model]
     cond = conds[0] if cfg.cond is None else cfg.cond

@@ -74,6 +74,11 @@ class Trainer:
     ):
         # its defaults filled for the data set, once
         self.cfg, self.progress = resolve(cfg, dataset), progress
+        if self.cfg.few_step == "distill" and objective is not None:
+            raise TinyDiTError("`few_step` distill trains on its teacher's paths: it takes no `objective`")
+        needs = {fn: name for name, fn in OBJECTIVES.items() if name != "none"}  # what the model and draws must be
+        if objective in needs and needs[objective] != self.cfg.few_step:
+            raise TinyDiTError(f"`objective` {objective.__name__} needs `few_step` {needs[objective]}")
         if objective is None and self.cfg.few_step != "distill":
             objective = OBJECTIVES[self.cfg.few_step]
         self.objective, self.parts = objective, (build_model, optimizer)
