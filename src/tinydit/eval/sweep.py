@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from tinydit.errors import TinyDiTError
-from tinydit.eval.evaluate import DEFAULT_CACHE, evaluate, spec_for
+from tinydit.eval.evaluate import DEFAULT_CACHE, EvalSpec, evaluate, spec_for
 from tinydit.eval.metrics import MIN_SAMPLES
 from tinydit.eval.plot import MARKERS, line_plot
 from tinydit.eval.sampling import EvalTarget, eval_conditions
@@ -117,7 +117,8 @@ def run_sweep(
     out = Path(out)
     model, state = load_model(checkpoint, ema=ema, map_location=device)
     data = state["data"]["name"]
-    if spec_for(data).feature_net is None:
+    spec = spec_for(data)  # the reference, for every row
+    if spec.feature_net is None:
         raise TinyDiTError(
             f"{checkpoint} was trained on {data}, which has no offline feature network; "
             "tinydit sweep scores with the offline metrics (fashion-mnist and shapes)"
@@ -143,7 +144,7 @@ def run_sweep(
             bar.update()
             continue
         rows.append(
-            _score_point(model, y, labels, point, settings_of[key], seed, batch_size, data, split, root, cache_dir)
+            _score_point(model, y, labels, point, settings_of[key], seed, batch_size, spec, split, root, cache_dir)
         )
         write_sweep(out, settings, rows, command)
         bar.update()
@@ -160,7 +161,7 @@ def _score_point(
     settings: SamplingSettings,
     seed: int,
     batch_size: int,
-    data: str,
+    spec: EvalSpec,
     split: str,
     root,
     cache_dir,
@@ -169,7 +170,7 @@ def _score_point(
     started = time.perf_counter()
     res = generate(model, y, settings, seed, batch_size)
     seconds = time.perf_counter() - started
-    metrics = evaluate(res.x, labels, data, split=split, root=root, cache_dir=cache_dir)
+    metrics = evaluate(res.x, labels, spec, split=split, root=root, cache_dir=cache_dir)
     scores = {k: v for k, v in metrics.items() if not isinstance(v, dict)}
     return {
         **point,

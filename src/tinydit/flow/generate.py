@@ -10,7 +10,7 @@ from torch import nn
 from tinydit.data.text import tokenizer_of
 from tinydit.distributed import SINGLE, World
 from tinydit.errors import TinyDiTError
-from tinydit.flow.samplers import SampleResult, sample
+from tinydit.flow.samplers import SampleResult
 from tinydit.flow.settings import SamplingSettings
 from tinydit.progress import Progress
 
@@ -59,13 +59,12 @@ def generate(
     noise, y = noise[mine], y[mine]
     if world.size > 1 and settings.sampler == "ancestral":  # its own fresh-noise stream per rank
         gen = torch.Generator().manual_seed(seed * 1_000_003 + world.rank + 1)
-    extra = {"generator": gen} if settings.sampler == "ancestral" else {}  # its fresh noise: the same stream, on
     out, evals = [], 0
     # a bar on a terminal, else a line now and then; under torchrun rank 0's share stands for all
     bar = Progress(len(y), "sample", unit="image", enabled=progress and world.main)
     for i in range(0, len(y), batch_size):
         x1, yb = noise[i : i + batch_size].to(device), y[i : i + batch_size].to(device)
-        res = sample(settings.sampler, model, x1, yb, settings.steps, settings.cfg_scale, **settings.options(), **extra)
+        res = settings.run(model, x1, yb, gen)  # the ancestral sampler's fresh noise: the same stream, on
         out.append(res.x.cpu())
         evals += res.nfe * len(yb)
         bar.update(len(yb))

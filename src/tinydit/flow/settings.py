@@ -6,6 +6,7 @@ the sampler that runs them.
     SamplingSettings.from_checkpoint(state)                     what a checkpoint records (or would, if old)
     settings.with_flags(steps=8)                                the flags given win, the rest as recorded
     settings.to_json()                                          the checkpoint's ``sampling`` record
+    settings.run(model, noise, y)                               sample from given noise with them
 
 The measured settings a new run records are data (``sampling_records.json`` beside this module, package
 data), read and checked by one function, so a new measurement changes no code. A new run records those of
@@ -22,10 +23,13 @@ import operator
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+from torch import nn
+
 from tinydit.data.names import BUILTIN_DATASETS
 from tinydit.errors import TinyDiTError
 from tinydit.flow.grids import DEFAULT_SHIFT
-from tinydit.flow.samplers import DEFAULT_ETA, DEFAULT_TOL, check_sampler_args
+from tinydit.flow.samplers import DEFAULT_ETA, DEFAULT_TOL, SampleResult, check_sampler_args, sample
 from tinydit.models.presets import MODEL_CONDS, MODEL_PRESETS
 
 __all__ = [
@@ -86,11 +90,7 @@ class SamplingSettings:
     def from_json(cls, record: dict) -> SamplingSettings:
         """Settings from a record (a checkpoint's ``sampling``, a line of the records file); a key it does
         not know is refused by name, a key it lacks takes the default."""
-        unknown = set(record) - {f.name for f in dataclasses.fields(cls)}
-        if unknown:
-            raise TinyDiTError(
-                f"unknown sampler settings {', '.join(sorted(unknown))}; known: {', '.join(SAMPLING_KEYS)}"
-            )
+        _refuse_unknown(set(record) - {"source"})
         return cls(**record)
 
     @classmethod
@@ -108,11 +108,7 @@ class SamplingSettings:
         came from where. A sampler other than the recorded one drops the recorded sampler's own options
         (eta, rtol, atol), which belong to that sampler."""
         given = {k: v for k, v in given.items() if v is not None}
-        unknown = set(given) - set(SAMPLING_KEYS)
-        if unknown:
-            raise TinyDiTError(
-                f"unknown sampler settings {', '.join(sorted(unknown))}; known: {', '.join(SAMPLING_KEYS)}"
-            )
+        _refuse_unknown(set(given))
         changes = dict(given)
         if given.get("sampler", self.sampler) != self.sampler:
             changes |= {k: given.get(k) for k in ("eta", "rtol", "atol")}
@@ -137,6 +133,14 @@ class SamplingSettings:
     def options(self) -> dict:
         """The sampler's options beyond its name, steps and guidance scale, the unset ones left out."""
         return {k: getattr(self, k) for k in SAMPLING_KEYS[3:] if getattr(self, k) is not None}
+
+    def run(
+        self, model: nn.Module, noise: torch.Tensor, y: torch.Tensor, generator: torch.Generator | None = None
+    ) -> SampleResult:
+        """Sample from ``noise`` (N, C, H, W) at t = 1 for conditions ``y`` with these settings
+        (``tinydit.flow.samplers.sample``); ``generator`` (CPU) draws the ancestral sampler's fresh noise."""
+        extra = {"generator": generator} if self.sampler == "ancestral" else {}
+        return sample(self.sampler, model, noise, y, self.steps, self.cfg_scale, **self.options(), **extra)
 
     def filled(self) -> SamplingSettings:
         """The same settings with the sampler's defaults written in where they apply (for reports)."""
@@ -165,6 +169,15 @@ class SamplingSettings:
 
 
 SAMPLING_KEYS = tuple(f.name for f in dataclasses.fields(SamplingSettings) if f.name != "source")
+
+
+def _refuse_unknown(keys: set[str]) -> None:
+    """Raise, naming them, for keys that are no sampler setting."""
+    unknown = keys - set(SAMPLING_KEYS)
+    if unknown:
+        raise TinyDiTError(f"unknown sampler settings {', '.join(sorted(unknown))}; known: {', '.join(SAMPLING_KEYS)}")
+
+
 # Measurements, kept as data beside this module (package data) so that a new measurement changes no code.
 SAMPLING_RECORDS = Path(__file__).with_name("sampling_records.json")
 
