@@ -239,7 +239,7 @@ def score_only(args: argparse.Namespace, device) -> None:
         if tokenizer is None:
             print(f"{run}: a class-conditional checkpoint, skipped", file=sys.stderr)
             continue
-        holdout = parse_phrases(state["train_config"].get("holdout") or "")  # as the run was trained
+        holdout = parse_phrases(state.holdout or "")  # as the run was trained
         for cfg_scale in cfgs:
             name = run.name if len(cfgs) == 1 else f"{run.name}, guidance {cfg_scale:g}"
             scores, table = measure(
@@ -261,7 +261,7 @@ def score_only(args: argparse.Namespace, device) -> None:
                 "shape_confusion": table,
             }
             lines += [
-                f"{name} (step {state['step']}): how each prompted shape reads back",
+                f"{name} (step {state.step}): how each prompted shape reads back",
                 "",
                 confusion_table(table),
                 "",

@@ -13,8 +13,7 @@ import torch
 from torch import nn
 
 from tinydit.data.shapes import ShapesDataset
-from tinydit.models.checkpoint import load_checkpoint
-from tinydit.train.checkpoint import save_checkpoint
+from tinydit.files import torch_save
 
 
 class Classifier(nn.Module):
@@ -67,10 +66,12 @@ def main() -> None:
     model, opt = fresh()
     half = args.steps // 2
     train(model, opt, data, labels, 0, half)
-    save_checkpoint(out / "classifier.pt", {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": half})
+    out.mkdir(parents=True, exist_ok=True)
+    # Written to a temporary file and renamed over the old one: a save cut short never leaves half a file.
+    torch_save(out / "classifier.pt", {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": half})
     print("saved", out / "classifier.pt", "at step", half)
 
-    state = load_checkpoint(out / "classifier.pt")  # weights_only=True underneath
+    state = torch.load(out / "classifier.pt", weights_only=True)  # tensors and plain values only: no code runs
     model, opt = fresh()
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["optimizer"])

@@ -34,7 +34,7 @@ def main() -> None:
     args = p.parse_args()
     model, state = api.load_model(args.checkpoint, ema=False)
     model.train()
-    data = load_dataset(state["data"]["name"], train=False, limit=max(512, args.batch))
+    data = load_dataset(state.data.name, train=False, limit=max(512, args.batch))
     gen = torch.Generator().manual_seed(args.seed)
     params = [w for w in model.parameters() if w.requires_grad]
     for t0 in args.t:

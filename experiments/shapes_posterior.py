@@ -220,10 +220,10 @@ def main() -> None:
     args = p.parse_args()
     model, state = api.load_model(args.checkpoint)
     if args.what == "denoise":
-        denoise(model, state["data"]["classes"], args.n or 400, args.t)
+        denoise(model, list(state.data.classes), args.n or 400, args.t)
         return
     if args.what == "keep":
-        keep(model, state["data"]["classes"], args.n or 400, args.t, args.steps, args.out, args.train_images)
+        keep(model, list(state.data.classes), args.n or 400, args.t, args.steps, args.out, args.train_images)
         return
     train = ShapesDataset(n=20000)
     posterior = EmpiricalPosterior(from_uint8(train.images).float(), train.labels)

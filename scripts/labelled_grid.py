@@ -38,7 +38,7 @@ def sample_panel(checkpoint: str, per_class: int, prompts: list[str] | None, see
     if text:
         res = api.sample(source, per_class, prompts=prompts, seed=seed)
     else:
-        res = api.sample(source, per_class * len(state["data"]["classes"]), seed=seed)
+        res = api.sample(source, per_class * len(state.data.classes), seed=seed)
     images, labels = to_uint8(res.x).permute(0, 2, 3, 1).numpy(), res.labels.tolist()  # (N, H, W, C)
     groups = [[i for i, y in enumerate(labels) if y == k] for k in range(len(res.names))]
     groups = [g for g in groups if g]

@@ -31,13 +31,13 @@ def main() -> None:
     model, state = load_model(args.checkpoint)
     if not model.config.shortcut:
         raise SystemExit("this checkpoint's model does not take an interval: train it with --few-step meanflow")
-    ds = load_dataset(state["data"]["name"], train=True, limit=args.n)
+    ds = load_dataset(state.data.name, train=True, limit=args.n)
     x0 = torch.stack([ds[i][0] for i in range(len(ds))])  # (n, C, H, W)
     y = torch.tensor([int(ds[i][1]) for i in range(len(ds))])
     g = torch.Generator().manual_seed(args.seed)
     noise = torch.randn(x0.shape, generator=g)
     v = noise - x0
-    print(f"{args.checkpoint}: step {state['step']}, time_scale {model.config.time_scale:g}, {len(ds)} images")
+    print(f"{args.checkpoint}: step {state.step}, time_scale {model.config.time_scale:g}, {len(ds)} images")
     print("| r | t | v | du/dt | du/dt along z only | error against the target | u(z, r, t) - u(z, t, t) |")
     print("|---|---|---|---|---|---|---|")
     ms = lambda a: a.pow(2).mean().item()  # noqa: E731

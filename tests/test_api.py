@@ -39,8 +39,8 @@ def test_a_users_dataset_trains_samples_and_resumes(tmp_path):
     config = TrainConfig(out=str(tmp_path / "run"), **{**FAST, "limit": None}, steps=4)
     result = api.train(config, dataset=Stripes(60))
     state = load_checkpoint(result.checkpoint)
-    assert result.step == 4 and state["data"]["name"] == "dataset:Stripes"
-    assert state["data"]["classes"] == ["vertical", "horizontal"] and state["model_config"]["img_size"] == 16
+    assert result.step == 4 and state.data.name == "dataset:Stripes"
+    assert state.data.classes == ("vertical", "horizontal") and state.config.img_size == 16
     assert (
         api.train(TrainConfig(out=str(tmp_path / "run"), **{**FAST, "limit": None}, steps=6), dataset=Stripes(60)).step
         == 6

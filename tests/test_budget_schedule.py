@@ -43,7 +43,7 @@ def _lrs(run) -> dict[int, float]:
 def test_a_time_budget_run_plans_its_steps_and_cools_down_to_its_last_step(tmp_path, clock):
     trainer = Trainer(fast_config(tmp_path, **KW), progress=False)
     result = trainer.fit()
-    plan = load_checkpoint(tmp_path / "checkpoint.pt")["plan"]
+    plan = load_checkpoint(tmp_path / "checkpoint.pt").plan
     assert plan["minutes"] == KW["minutes"] and result.step == plan["steps"]  # it ended where it planned to
     assert abs(plan["cooldown"] - KW["cooldown_frac"] * plan["steps"]) <= 2  # the last F of the steps ...
     assert plan["planned_at"] == plan["steps"] - plan["cooldown"]  # ... planned as their decay begins
@@ -61,7 +61,7 @@ def test_a_time_budget_run_plans_its_steps_and_cools_down_to_its_last_step(tmp_p
 def test_a_stopped_time_budget_run_continues_exactly(tmp_path, clock):
     straight = Trainer(fast_config(tmp_path / "a", **KW), progress=False)
     straight.fit()
-    plan = load_checkpoint(tmp_path / "a" / "checkpoint.pt")["plan"]
+    plan = load_checkpoint(tmp_path / "a" / "checkpoint.pt").plan
     stop_at = plan["steps"] - plan["cooldown"] // 2  # inside the cool-down
     clock[0] = 0.0
     original = Trainer.train_step
@@ -78,7 +78,7 @@ def test_a_stopped_time_budget_run_continues_exactly(tmp_path, clock):
     finally:
         trainer_module.Trainer.train_step = original
     stopped = load_checkpoint(tmp_path / "b" / "checkpoint.pt")
-    assert stopped["step"] == stop_at and stopped["plan"] == plan
+    assert stopped.step == stop_at and stopped.plan == plan
     resumed = Trainer(fast_config(tmp_path / "b", **KW), progress=False)
     resumed.fit()
     assert resumed.run.step == plan["steps"]
@@ -106,9 +106,9 @@ def test_a_time_budget_cools_down_by_default_and_an_earlier_run_continues_under_
     # nothing it computed depended on the share
     off = {**KW, "cooldown_frac": 0.0, "minutes": 0.005}
     Trainer(fast_config(tmp_path, **off), progress=False).fit()
-    assert load_checkpoint(tmp_path / "checkpoint.pt")["plan"] is None
+    assert load_checkpoint(tmp_path / "checkpoint.pt").plan is None
     resumed = Trainer(fast_config(tmp_path, **{**KW, "cooldown_frac": None}), progress=False)
     resumed.fit()
-    plan = load_checkpoint(tmp_path / "checkpoint.pt")["plan"]
+    plan = load_checkpoint(tmp_path / "checkpoint.pt").plan
     assert plan["minutes"] == KW["minutes"] and resumed.run.step == plan["steps"]
     assert abs(plan["cooldown"] - BUDGET_COOLDOWN_FRAC * plan["steps"]) <= 2

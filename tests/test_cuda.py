@@ -40,16 +40,16 @@ def test_mixed_precision_training_learns_on_cuda(tmp_path, precision):
     assert all(torch.isfinite(torch.tensor(losses)))
     assert losses[-1] < losses[0], losses
     state = load_checkpoint(tmp_path / "checkpoint.pt")
-    assert all(v.dtype == torch.float32 for v in state["model"].values() if v.is_floating_point())  # fp32 masters
+    assert all(v.dtype == torch.float32 for v in state.model.values() if v.is_floating_point())  # fp32 masters
     if precision == "fp16":
-        assert state["grad_scaler"]["scale"] > 0  # the scaler's state travels with the checkpoint
+        assert state.grad_scaler["scale"] > 0  # the scaler's state travels with the checkpoint
 
 
 def test_fp16_with_the_scaler_resumes_where_an_uninterrupted_run_ends(tmp_path):
     kw = dict(device="cuda", precision="fp16", compile="off")
     Trainer(fast_config(tmp_path / "ref", steps=20, **kw), progress=False).fit()
     Trainer(fast_config(tmp_path / "run", steps=8, **kw), progress=False).fit()
-    mid = load_checkpoint(tmp_path / "run" / "checkpoint.pt")["grad_scaler"]
+    mid = load_checkpoint(tmp_path / "run" / "checkpoint.pt").grad_scaler
     Trainer(fast_config(tmp_path / "run", steps=20, **kw), progress=False).fit()
     ref, run = (load_checkpoint(tmp_path / d / "checkpoint.pt") for d in ("ref", "run"))
     assert mid["scale"] > 0
@@ -119,6 +119,6 @@ def test_ddp_with_nccl_at_world_size_1_trains_what_one_process_trains(tmp_path):
         timeout=300,
     )
     assert ddp.returncode == 0, ddp.stderr[-2000:]
-    a, b = (load_checkpoint(tmp_path / d / "checkpoint.pt")["model"] for d in ("one", "ddp"))
+    a, b = (load_checkpoint(tmp_path / d / "checkpoint.pt").model for d in ("one", "ddp"))
     diff = max((a[k] - b[k]).abs().max().item() for k in a)
     assert diff < 1e-4, diff

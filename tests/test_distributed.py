@@ -27,7 +27,7 @@ from tinydit.distributed import World
 from tinydit.errors import TinyDiTError
 from tinydit.models.checkpoint import load_checkpoint
 from tinydit.models.linear import linear_backend
-from tinydit.models.registry import build_model, config_from_dict
+from tinydit.models.registry import build_model
 
 # REPA's projector trains outside DDP and averages its own gradients: aligning in every run here tests that too.
 FLAGS = (
@@ -123,15 +123,15 @@ def test_shares_cover_every_item_once_in_order(n, size):
 def test_two_ranks_train_the_weights_of_one_process(runs):
     root, log = runs
     one, two = _state(root / "one"), _state(root / "two")
-    assert one["step"] == two["step"] == 12
-    diff = _max_diff(one["model"], two["model"])
+    assert one.step == two.step == 12
+    diff = _max_diff(one.model, two.model)
     assert diff < ATOL, diff
-    diff = _max_diff(one["repa_projector"], two["repa_projector"])  # averaged over the ranks by hand
+    diff = _max_diff(one.repa_projector, two.repa_projector)  # averaged over the ranks by hand
     assert diff < ATOL, diff
     # and the weights moved: the comparison is not of two untrained models
     torch.manual_seed(0)  # the run's seed: its initial weights
-    init = build_model("dit", config_from_dict("dit", one["model_config"])).state_dict()
-    assert _max_diff(init, one["model"]) > 100 * ATOL
+    init = build_model("dit", one.config).state_dict()
+    assert _max_diff(init, one.model) > 100 * ATOL
     # rank 0 alone wrote and printed: one line per run, one metrics file with the global loss
     assert log.count("training dit-0.2m") == 1
     processes = {name: json.loads((root / name / "config.json").read_text())["processes"] for name in ("one", "two")}
@@ -147,10 +147,10 @@ def test_two_ranks_train_a_mean_flow_model_as_one_process(tmp_path):
     flags = [*FLAGS[:-1], "0", "--few-step", "meanflow", "--steps", 6]  # the alignment is for `few_step` none
     _one_process("train", *flags, "--out", tmp_path / "one")
     _run(_torchrun(2, "train", *flags, "--out", tmp_path / "two"))
-    one, two = _state(tmp_path / "one")["model"], _state(tmp_path / "two")["model"]
+    one, two = _state(tmp_path / "one").model, _state(tmp_path / "two").model
     assert _max_diff(one, two) < ATOL
     torch.manual_seed(0)
-    init = build_model("dit", config_from_dict("dit", _state(tmp_path / "one")["model_config"])).state_dict()
+    init = build_model("dit", _state(tmp_path / "one").config).state_dict()
     assert _max_diff(init, one) > 100 * ATOL
 
 
@@ -158,7 +158,7 @@ def test_a_run_continues_on_another_number_of_ranks(runs, tmp_path):
     root, _ = runs
     _train(tmp_path / "run", 6, 0)  # one process for 6 steps, then 2 ranks to the end
     _train(tmp_path / "run", 12, 2)
-    assert _max_diff(_state(tmp_path / "run")["model"], _state(root / "one")["model"]) < ATOL
+    assert _max_diff(_state(tmp_path / "run").model, _state(root / "one").model) < ATOL
 
 
 def test_sigterm_on_one_rank_stops_both_at_one_step_and_the_run_continues_bit_exactly_through_nproc(runs, tmp_path):
@@ -189,11 +189,11 @@ def test_sigterm_on_one_rank_stops_both_at_one_step_and_the_run_continues_bit_ex
     assert proc.returncode != 0, output  # stopped: a run that reached its 12 steps would have exited 0
     assert "SIGTERM: stopping after this step" in output
     assert "interrupted at step" in output
-    assert 1 <= int(_state(out)["step"]) < 12
+    assert 1 <= _state(out).step < 12
     # The checkpoint holds a whole step of both ranks: the same command continues it to the end.
     _run([sys.executable, "-m", "tinydit", "train", *FLAGS, "--steps", "12", "--out", str(out), "--nproc", "2"])
-    assert _equal(_state(out)["model"], _state(root / "two")["model"])
-    assert _equal(_state(out)["ema"], _state(root / "two")["ema"])
+    assert _equal(_state(out).model, _state(root / "two").model)
+    assert _equal(_state(out).ema, _state(root / "two").ema)
 
 
 def _kill_job(proc: subprocess.Popen, workers: list[int]) -> None:
@@ -253,7 +253,7 @@ def test_a_killed_rank_ends_the_others_within_seconds(tmp_path):
     assert took < 15, took
     assert not survivors, survivors
     assert "Signal 9" in output or "SIGKILL" in output  # torchrun names the rank that died and how
-    assert _state(out)["step"] >= 5  # the last checkpoint is whole
+    assert _state(out).step >= 5  # the last checkpoint is whole
 
 
 def _alive(pid: int) -> bool:
@@ -288,7 +288,7 @@ def test_two_local_nodes_rendezvous_over_c10d(runs, tmp_path):
     ]
     outputs = [node.communicate(timeout=240)[0] for node in nodes]
     assert all(node.returncode == 0 for node in nodes), outputs
-    assert _max_diff(_state(tmp_path / "run")["model"], _state(root / "one")["model"]) < ATOL
+    assert _max_diff(_state(tmp_path / "run").model, _state(root / "one").model) < ATOL
 
 
 def test_an_uneven_global_batch_is_refused_naming_the_flag(tmp_path, monkeypatch, capsys):
@@ -369,7 +369,7 @@ def test_a_time_budget_with_a_planned_cooldown_ends_every_rank_at_one_step(tmp_p
     out = tmp_path / "run"
     _run(_torchrun(2, "train", *FLAGS, "--minutes", 0.15, "--cooldown-frac", 0.3, "--out", out), timeout=120)
     state = _state(out)
-    plan, step = state["plan"], state["step"]
+    plan, step = state.plan, state.step
     assert plan is not None and plan["planned_at"] < step <= plan["steps"]
-    assert step == plan["steps"] or state["train_seconds"] >= 0.15 * 60, (step, plan, state["train_seconds"])
+    assert step == plan["steps"] or state.train_seconds >= 0.15 * 60, (step, plan, state.train_seconds)
     assert '"plan"' in (out / "metrics.jsonl").read_text()

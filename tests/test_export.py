@@ -27,7 +27,7 @@ from tinydit.flow.guidance import Velocity
 from tinydit.flow.samplers import ancestral
 from tinydit.flow.settings import SamplingSettings
 from tinydit.images import to_uint8 as torch_to_uint8
-from tinydit.models.checkpoint import load_model
+from tinydit.models.checkpoint import Checkpoint, DataRecord, load_model
 from tinydit.models.dit import DiTConfig
 from tinydit.models.mmdit import MMDiTConfig
 from tinydit.models.registry import build_model
@@ -47,25 +47,18 @@ VARIANTS = {
 TOLERANCE = 1e-4  # fp32: different kernels sum in different orders; the outputs are O(1)
 
 
-def _state(config) -> dict:
-    """A checkpoint dict of a randomly initialised (and then jittered) model of ``config``."""
+def _state(config) -> Checkpoint:
+    """A checkpoint of a randomly initialised (and then jittered) model of ``config``."""
     kind = "mmdit" if isinstance(config, MMDiTConfig) else "dit"
     torch.manual_seed(0)
     model = build_model(kind, config)
     for p in model.parameters():
         p.data.add_(0.05 * torch.randn_like(p))  # off the zero init, so every weight matters
     classes = [f"c{i}" for i in range(config.n_classes)]
-    text = {"tokenizer": TOKENIZER.to_dict()} if config.cond == "text" else {}
-    return {
-        "model_type": kind,
-        "model_config": config.to_dict(),
-        "model": model.state_dict(),
-        "ema": model.state_dict(),
-        "data": {"name": "shapes", "classes": classes},
-        "train_config": {},
-        "step": 0,
-        **text,
-    }
+    tokenizer = TOKENIZER.to_dict() if config.cond == "text" else None
+    weights = model.state_dict()
+    data = DataRecord("shapes", tuple(classes))
+    return Checkpoint(kind, config, {}, data, step=0, model=weights, ema=weights, tokenizer=tokenizer)
 
 
 def _inputs(config, n: int):

@@ -153,8 +153,8 @@ def test_a_meanflow_run_resumes_exactly_and_samples_in_one_step_by_default(meanf
     for k, v in straight.run.model.state_dict().items():
         assert torch.equal(v, resumed.run.model.state_dict()[k]), k
     state = load_checkpoint(run / "checkpoint.pt")
-    assert state["train_config"]["few_step"] == "meanflow" and state["train_config"]["meanflow_cfg"] == 2.0
-    assert {k: state["sampling"][k] for k in ("sampler", "steps", "cfg_scale")} == dict(
+    assert state.few_step == "meanflow" and state.train().meanflow_cfg == 2.0
+    assert {k: state.sampling[k] for k in ("sampler", "steps", "cfg_scale")} == dict(
         sampler="euler", steps=1, cfg_scale=1.0
     )
     model, _ = load_model(run / "checkpoint.pt")

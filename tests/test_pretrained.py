@@ -13,7 +13,7 @@ from tinydit import api
 from tinydit.cli import main
 from tinydit.errors import TinyDiTError
 from tinydit.flow.settings import SamplingSettings
-from tinydit.models.checkpoint import load_model
+from tinydit.models.checkpoint import load_checkpoint, load_model
 from tinydit.models.pretrained import CARD, CONFIG, WEIGHTS
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -45,20 +45,20 @@ def test_a_pretrained_folder_samples_what_its_checkpoint_samples(name, folders, 
     assert not model.training and model.config == reference.config
     for (k, a), (_, b) in zip(model.state_dict().items(), reference.state_dict().items(), strict=True):
         assert torch.equal(a, b), k
-    assert set(load_file(folder / WEIGHTS)) == set(state["ema"])  # the EMA weights, nothing else
+    assert set(load_file(folder / WEIGHTS)) == set(state.ema)  # the EMA weights, nothing else
 
 
 def test_the_config_and_the_card_say_what_the_model_is_and_how_to_use_it(folders):
     config = json.loads((folders["dit-0.2m"] / CONFIG).read_text())
-    state = torch.load(FIXTURES / "dit-0.2m.pt", weights_only=True)
+    state = load_checkpoint(FIXTURES / "dit-0.2m.pt")
     assert config["format"] == "tinydit-pretrained" and config["model_type"] == "dit"
-    assert config["model_config"] == state["model_config"] and config["data"] == state["data"]
+    assert config["model_config"] == state.config.to_dict() and config["data"] == state.data.to_dict()
     assert config["sampling"] == SamplingSettings.from_checkpoint(state).to_json() and config["sampling"]["source"]
     assert "t = 1 is Gaussian noise" in config["time"]
-    assert config["weights"] == {"ema": True, "dtype": "float32"} and config["step"] == state["step"]
+    assert config["weights"] == {"ema": True, "dtype": "float32"} and config["step"] == state.step
     card = (folders["dit-0.2m"] / CARD).read_text()
     assert "tinydit sample --checkpoint THIS_FOLDER" in card and "from_pretrained" in card
-    assert state["data"]["name"] in card and f"{state['step']} optimizer steps" in card
+    assert state.data.name in card and f"{state.step} optimizer steps" in card
     assert "Not measured for this card" in card  # the fixture run made no evaluation
 
 

@@ -54,7 +54,7 @@ def _train(out: Path, steps: int, *extra) -> subprocess.Popen:
 
 
 def _weights(run: Path) -> dict:
-    return load_checkpoint(run / "checkpoint.pt")["model"]
+    return load_checkpoint(run / "checkpoint.pt").model
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -63,7 +63,7 @@ def _same(a: dict, b: dict) -> bool:
 
 def _step(run: Path) -> int:
     try:
-        return int(load_checkpoint(run / "checkpoint.pt")["step"])
+        return load_checkpoint(run / "checkpoint.pt").step
     except (TinyDiTError, KeyError):
         return 0
 

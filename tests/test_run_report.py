@@ -47,8 +47,8 @@ def test_evaluation_logs_the_offline_metrics_and_keeps_the_best_checkpoint(evalu
         assert 0.0 <= r["eval/shape_strict"] <= 1.0 and 0.0 <= r["eval/shape_colours"] <= 1.0
     best = min(evals, key=lambda r: r["eval/fid_shapes_cnn"])
     state = load_checkpoint(out / "best.pt")
-    assert state["step"] == best["step"] and state["best"]["value"] == best["eval/fid_shapes_cnn"]
-    assert load_checkpoint(out / "checkpoint.pt")["best"] == state["best"]  # a continuation knows the best so far
+    assert state.step == best["step"] and state.best["value"] == best["eval/fid_shapes_cnn"]
+    assert load_checkpoint(out / "checkpoint.pt").best == state.best  # a continuation knows the best so far
     load_model(out / "best.pt")  # an ordinary checkpoint
 
 

@@ -64,7 +64,7 @@ def test_bf16_autocast_trains_with_fp32_master_weights_and_ema(tmp_path):
     assert result.val_loss is not None and torch.isfinite(torch.tensor(result.val_loss))
     state = load_checkpoint(tmp_path / "checkpoint.pt")
     for key in ("model", "ema"):
-        assert {t.dtype for t in state[key].values()} == {torch.float32}, key
+        assert {t.dtype for t in getattr(state, key).values()} == {torch.float32}, key
     assert {p.dtype for p in trainer.run.opt.state_dict()["state"][0].values() if p.numel() > 1} == {torch.float32}
 
 
@@ -76,8 +76,8 @@ def test_compiled_training_saves_plain_weights_that_load_into_either_module(tmp_
     assert trainer.run.ema_forward is trainer.run.ema
     trainer.fit()
     state = load_checkpoint(tmp_path / "checkpoint.pt")
-    assert list(state["model"]) == list(unwrap(trainer.run.model).state_dict())
-    assert not any(k.startswith("_orig_mod") for k in state["model"])  # saved as the plain module's names
+    assert list(state.model) == list(unwrap(trainer.run.model).state_dict())
+    assert not any(k.startswith("_orig_mod") for k in state.model)  # saved as the plain module's names
 
     model, _ = load_model(tmp_path / "checkpoint.pt")  # the EMA, into a plain module
     other, _ = load_model(tmp_path / "checkpoint.pt")

@@ -30,7 +30,7 @@ def test_a_checkpoint_records_the_measured_settings_of_its_setup_or_says_it_has_
     assert "tinydit sweep" in fmnist.source  # the command that measured it
     assert recommended_sampling("shapes", "mmdit-2.3m", "text").sampler == "ancestral"
     assert recommended_sampling("fashion-mnist", "dit-1.9m", "class", "distill").steps == 4  # a student's own
-    record = load_checkpoint(tiny_run[0] / "checkpoint.pt")["sampling"]  # shapes dit-0.2m: nothing measured
+    record = load_checkpoint(tiny_run[0] / "checkpoint.pt").sampling  # shapes dit-0.2m: nothing measured
     assert record["sampler"] == "euler" and "not measured" in record["source"]
 
 
@@ -148,18 +148,18 @@ def test_sweep_apply_records_the_best_within_the_budget_and_never_touches_the_we
     after = load_checkpoint(ckpt)
     rows = [r for r in api.sweep_rows(tmp_path / "sweep") if r["nfe"] <= 8]
     best = min(rows, key=lambda r: r["fid_shapes_cnn"])
-    assert (after["sampling"]["sampler"], after["sampling"]["steps"]) == (best["sampler"], best["steps"])
-    assert "tinydit sweep --apply" in after["sampling"]["source"] and "within 8" in after["sampling"]["source"]
+    assert (after.sampling["sampler"], after.sampling["steps"]) == (best["sampler"], best["steps"])
+    assert "tinydit sweep --apply" in after.sampling["source"] and "within 8" in after.sampling["source"]
     for key in ("model", "ema"):
-        assert all(torch.equal(before[key][k], after[key][k]) for k in before[key])
-    assert set(before) == set(after) and before["step"] == after["step"]
+        assert all(torch.equal(getattr(before, key)[k], getattr(after, key)[k]) for k in getattr(before, key)), key
+    assert before.to_dict().keys() == after.to_dict().keys() and before.step == after.step
     assert "recorded in" in capsys.readouterr().err
     # a continued run keeps the applied record
     run = tmp_path / "continued"
     Trainer(fast_config(run, steps=8), progress=False).fit()
     api.record_sampling(run / "checkpoint.pt", HEUN)
     Trainer(fast_config(run, steps=10), progress=False).fit()
-    assert load_checkpoint(run / "checkpoint.pt")["sampling"] == HEUN.to_json()
+    assert load_checkpoint(run / "checkpoint.pt").sampling == HEUN.to_json()
 
 
 def test_the_run_sample_grids_draw_with_the_recorded_settings(tmp_path, monkeypatch):

@@ -1,6 +1,8 @@
+import dataclasses
 import json
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,13 +10,13 @@ from conftest import fashion_mnist_available, fast_config
 
 import tinydit.models.linear as linear_module
 from tinydit.errors import TinyDiTError
-from tinydit.models.checkpoint import FORMAT_VERSION, load_checkpoint, load_model
+from tinydit.models.checkpoint import FORMAT_VERSION, Checkpoint, load_checkpoint, load_model
 from tinydit.models.linear import linear_backend
 from tinydit.train import Trainer
-from tinydit.train.checkpoint import save_checkpoint
 from tinydit.train.optim import adamw, ema_update
 
 HAS_FMNIST = fashion_mnist_available()
+FIXTURE = Path(__file__).parent / "fixtures" / "dit-0.2m.pt"  # a checkpoint of an older release
 
 
 def _states_equal(a: dict, b: dict) -> bool:
@@ -35,7 +37,7 @@ def test_resumed_run_ends_with_exactly_the_weights_of_an_uninterrupted_one(tmp_p
     a, b = straight.run.opt.state_dict()["state"], resumed.run.opt.state_dict()["state"]
     assert all(_states_equal(a[k], b[k]) for k in a)
     # and the checkpoint on disk holds the same weights
-    assert _states_equal(load_checkpoint(tmp_path / "b" / "checkpoint.pt")["model"], straight.run.model.state_dict())
+    assert _states_equal(load_checkpoint(tmp_path / "b" / "checkpoint.pt").model, straight.run.model.state_dict())
 
 
 def test_a_continued_run_keeps_the_token_linear_kernel_it_started_with(tmp_path, monkeypatch):
@@ -46,7 +48,7 @@ def test_a_continued_run_keeps_the_token_linear_kernel_it_started_with(tmp_path,
         straight = Trainer(fast_config(tmp_path / "a", steps=6, **kw), progress=False)
         straight.fit()
         Trainer(fast_config(tmp_path / "b", steps=3, **kw), progress=False).fit()
-    assert load_checkpoint(tmp_path / "b" / "checkpoint.pt")["kernels"]["token_linears"] == "onednn"
+    assert load_checkpoint(tmp_path / "b" / "checkpoint.pt").kernels["token_linears"] == "onednn"
     monkeypatch.setattr(linear_module, "_onednn_faster", False)  # a later process whose probe says BLAS
     resumed = Trainer(fast_config(tmp_path / "b", steps=6, **kw), progress=False)
     assert resumed.run.kernels()["token_linears"] == "onednn"
@@ -58,13 +60,22 @@ def test_a_continued_run_keeps_the_token_linear_kernel_it_started_with(tmp_path,
 
 def test_checkpoint_round_trip_and_contents(tiny_run):
     out, result = tiny_run
+    raw = torch.load(out / "checkpoint.pt", weights_only=True)  # the file: a plain dict
+    assert raw["format_version"] == FORMAT_VERSION and raw["step"] == result.step == 8
+    assert {"model", "ema", "optimizer", "rng", "model_config", "train_config", "data"} <= raw.keys()
     state = load_checkpoint(out / "checkpoint.pt")
-    assert state["format_version"] == FORMAT_VERSION and state["step"] == result.step == 8
-    assert {"model", "ema", "optimizer", "rng", "model_config", "train_config", "data"} <= state.keys()
-    assert state["data"]["classes"] == ["circle", "square", "triangle", "cross"]
+    assert (
+        state.step == 8 and state.can_continue == [] and state.data.classes == ("circle", "square", "triangle", "cross")
+    )
+    assert state.config.to_dict() == raw["model_config"] and state.train().preset == "dit-0.2m"
     model, _ = load_model(state, ema=True)
-    assert _states_equal(model.state_dict(), state["ema"])
-    assert not _states_equal(state["ema"], state["model"])
+    assert _states_equal(model.state_dict(), state.ema)
+    assert not _states_equal(state.ema, state.model)
+    # written back, it is the same file (the release that wrote it aside)
+    state.save(out / "again.pt")
+    again = torch.load(out / "again.pt", weights_only=True)
+    assert again.keys() == raw.keys() and again["data"] == raw["data"] and again["train_config"] == raw["train_config"]
+    assert _states_equal(again["model"], raw["model"]) and again["sampling"] == raw["sampling"]
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["train"]["preset"] == "dit-0.2m" and cfg["model"]["dim"] == 64 and cfg["processes"] == 1
     assert cfg["kernels"]["token_linears"] in ("blas", "onednn") and cfg["kernels"]["attention"] == "sdpa"  # fp32
@@ -75,7 +86,8 @@ def test_checkpoint_round_trip_and_contents(tiny_run):
 
 def test_interrupted_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     path = tmp_path / "checkpoint.pt"
-    save_checkpoint(path, {"step": 1})
+    tiny = Checkpoint.load(FIXTURE)
+    dataclasses.replace(tiny, step=1).save(path)
 
     def broken_save(obj, f):
         f.write(b"half a checkpoint")
@@ -83,9 +95,9 @@ def test_interrupted_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
 
     monkeypatch.setattr(torch, "save", broken_save)
     with pytest.raises(OSError, match="disk full"):
-        save_checkpoint(path, {"step": 2})
+        dataclasses.replace(tiny, step=2).save(path)
     monkeypatch.undo()
-    assert load_checkpoint(path)["step"] == 1
+    assert load_checkpoint(path).step == 1
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]  # no temp file left behind
 
 
@@ -96,7 +108,7 @@ def test_foreign_and_future_checkpoints_are_clear_errors(tmp_path):
     (tmp_path / "junk.pt").write_bytes(b"not a zip")
     with pytest.raises(TinyDiTError, match="not a readable TinyDiT checkpoint"):
         load_checkpoint(tmp_path / "junk.pt")
-    save_checkpoint(tmp_path / "future.pt", {})
+    Checkpoint.load(FIXTURE).save(tmp_path / "future.pt")
     state = torch.load(tmp_path / "future.pt", weights_only=True)
     state["format_version"] = FORMAT_VERSION + 1
     torch.save(state, tmp_path / "future.pt")
@@ -220,7 +232,7 @@ def test_ctrl_c_stops_at_a_step_boundary_and_the_resume_stays_exact(tmp_path, mo
     with pytest.raises(KeyboardInterrupt):
         Trainer(fast_config(tmp_path / "b", steps=6, batch_size=8, limit=20), progress=False).fit()
     monkeypatch.setattr(Trainer, "train_step", original)
-    assert load_checkpoint(tmp_path / "b" / "checkpoint.pt")["step"] == 4  # the step it was in, completed
+    assert load_checkpoint(tmp_path / "b" / "checkpoint.pt").step == 4  # the step it was in, completed
     resumed = Trainer(fast_config(tmp_path / "b", steps=6, batch_size=8, limit=20), progress=False)
     resumed.fit()
     assert _states_equal(straight.run.model.state_dict(), resumed.run.model.state_dict())
@@ -326,7 +338,7 @@ def test_a_class_filter_trains_on_those_classes_relabelled_in_the_order_given(tm
     captions = {c.split(" on ")[0].split()[-1] for c in trainer.data.train_set.captions}
     assert captions == {"cross", "circle"}  # the images are the ones asked for
     trainer.fit()
-    assert load_checkpoint(tmp_path / "checkpoint.pt")["data"]["classes"] == ["cross", "circle"]
+    assert load_checkpoint(tmp_path / "checkpoint.pt").data.classes == ("cross", "circle")
     assert main(["train", "--data", "shapes", "--classes", "hexagon", "--out", tmp_path / "bad"]) == 2
     err = capsys.readouterr().err
     assert "unknown class 'hexagon' in --classes: the data has circle, square, triangle, cross" in err
@@ -395,7 +407,7 @@ def test_the_resolved_config_names_the_data_once_and_every_later_part_reads_that
     trainer = Trainer(fast_config(tmp_path / "run", data="Shapes", steps=2, eval_every=2, eval_n=20), progress=False)
     trainer.fit()
     assert made_canonical == ["Shapes"]  # by resolve, once; the evaluation and the checkpoint read "shapes"
-    assert load_checkpoint(tmp_path / "run" / "checkpoint.pt")["train_config"]["data"] == "shapes"
+    assert load_checkpoint(tmp_path / "run" / "checkpoint.pt").train().data == "shapes"
 
 
 def test_preset_defaults_by_model_data_and_conditioning():
@@ -462,7 +474,7 @@ def test_the_objective_the_model_builder_and_the_optimizer_are_parameters_of_the
     )
     swapped.fit()
     assert seen == {"batch": swapped.batch_size, "kind": "dit"} and isinstance(swapped.run.opt, torch.optim.SGD)
-    assert "nesterov" in load_checkpoint(tmp_path / "b" / "checkpoint.pt")["optimizer"]["param_groups"][0]  # SGD's
+    assert "nesterov" in load_checkpoint(tmp_path / "b" / "checkpoint.pt").optimizer["param_groups"][0]  # SGD's
     assert not _states_equal(default.run.model.state_dict(), swapped.run.model.state_dict())
 
 

@@ -67,7 +67,7 @@ def test_held_out_combinations_are_never_trained_on_and_everything_is_recorded(t
     assert isinstance(model, MMDiT) and model.config.vocab_size == 16
     assert tokenizer_of(state) == trainer.data.tokenizer and "red" in tokenizer_of(state).vocab  # words seen apart
     held_prompts = ["a red triangle on a green background", "a blue circle on a yellow background"]
-    assert state["data"]["prompts"][-2:] == held_prompts
+    assert list(state.data.prompts[-2:]) == list(held_prompts)
     # The sample grid: one row of 8 per prompt, 8 prompts (34 px per 32 px image with its border).
     assert Image.open(tmp_path / "samples.png").size == (8 * 34 + 2, 8 * 34 + 2)
 
@@ -76,10 +76,10 @@ def test_the_text_dit_checkpoint_is_a_dit_and_class_runs_store_no_tokenizer(tmp_
     Trainer(fast_config(tmp_path, **TEXT_DIT, steps=1, holdout="none"), progress=False).fit()
     state = load_checkpoint(tmp_path / "checkpoint.pt")
     model, _ = load_model(state)
-    assert type(model) is DiT and model.config.cond == "text" and state["train_config"]["holdout"] == ""
+    assert type(model) is DiT and model.config.cond == "text" and state.holdout == ""
     class_state = load_checkpoint(tiny_run[0] / "checkpoint.pt")
-    assert tokenizer_of(class_state) is None and class_state["model_type"] == "dit"
-    assert class_state["train_config"]["cond"] == "class" and class_state["train_config"]["holdout"] is None
+    assert tokenizer_of(class_state) is None and class_state.model_type == "dit"
+    assert class_state.train().cond == "class" and class_state.holdout is None
 
 
 def test_dropped_captions_become_the_empty_caption(tmp_path):
@@ -139,5 +139,5 @@ def test_a_text_run_evaluates_its_own_prompts_and_hold_out_while_it_trains(tmp_p
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     evaluation = next(r for r in records if "eval/adherence_all_all" in r)
     assert evaluation["best_metric"] == "adherence_all_all" and evaluation["step"] == 2
-    held = load_checkpoint(tmp_path / "checkpoint.pt")["train_config"]["holdout"]
+    held = load_checkpoint(tmp_path / "checkpoint.pt").holdout
     assert held == "red triangle,blue circle" and "eval/adherence_all_held_out" in evaluation

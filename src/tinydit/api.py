@@ -7,7 +7,7 @@
     presets()                                    -> rows            tinydit presets
     report(run_dir)                              -> report.html     tinydit report
     export(checkpoint, format, out)              -> the file        tinydit export
-    load_model(checkpoint)                       -> (model, checkpoint dict): v = model(x, t, y)
+    load_model(checkpoint)                       -> (model, Checkpoint): v = model(x, t, y)
     from_pretrained(folder | checkpoint)         -> model (a pretrained folder: safetensors, no pickle)
 
 Arguments are checked here, once, before any work; errors name the parameter in backticks.
@@ -15,6 +15,7 @@ Arguments are checked here, once, before any work; errors name the parameter in 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -47,7 +48,6 @@ from tinydit.models.pretrained import reference_folder
 from tinydit.models.registry import preset_rows
 from tinydit.runtime import autocast, maybe_compile, resolve_compile, resolve_device, resolve_precision
 from tinydit.train import Trainer, TrainResult
-from tinydit.train.checkpoint import save_checkpoint
 from tinydit.train.resolve import CHOICES as TRAIN_CHOICES
 
 __all__ = [
@@ -90,9 +90,10 @@ def train(
 
 
 def load_model(
-    checkpoint: str | Path | dict, ema: bool = True, device: str | torch.device = "cpu"
-) -> tuple[nn.Module, dict]:
-    """The checkpoint's model (a DiT or an MMDiT; EMA weights by default) in eval mode, and the checkpoint dict."""
+    checkpoint: str | Path | checkpoints.Checkpoint, ema: bool = True, device: str | torch.device = "cpu"
+) -> tuple[nn.Module, checkpoints.Checkpoint]:
+    """The checkpoint's model (a DiT or an MMDiT; EMA weights by default) in eval mode, and its
+    ``tinydit.models.checkpoint.Checkpoint`` (the run's configs, data record, sampler settings, ...)."""
     return checkpoints.load_model(checkpoint, ema=ema, map_location=resolve_device(device))
 
 
@@ -267,14 +268,8 @@ def record_sampling(checkpoint: str | Path, settings: SamplingSettings) -> None:
     path = Path(checkpoint)
     lock = RunDirLock(path.parent).acquire()
     try:
-        state = checkpoints.load_checkpoint(path)
-        save_checkpoint(
-            path,
-            {
-                **{k: v for k, v in state.items() if k not in ("format", "format_version")},
-                "sampling": settings.to_json(),
-            },
-        )
+        state = checkpoints.Checkpoint.load(path)
+        dataclasses.replace(state, sampling=settings.to_json()).save(path)
     finally:
         lock.release()
 

@@ -333,6 +333,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainConfig:
-        """A stored (resolved) config. One stored before ``repa`` existed ran without the alignment: 0."""
+        """A stored (resolved) config, such as a checkpoint's (``tinydit.models.checkpoint.Checkpoint.train``,
+        which upgrades what older releases stored); a field this release no longer has is left out."""
         known = {f.name for f in fields(cls)}
-        return cls(**{"repa": 0.0, **{k: v for k, v in d.items() if k in known}})
+        return cls(**{k: v for k, v in d.items() if k in known})

@@ -124,6 +124,6 @@ class Tokenizer:
         return cls(tuple(d["vocab"]), int(d["max_len"]))
 
 
-def tokenizer_of(state: dict) -> Tokenizer | None:
-    """The tokenizer stored in a text model's checkpoint dict, or None for a class model."""
-    return Tokenizer.from_dict(state["tokenizer"]) if state.get("tokenizer") is not None else None
+def tokenizer_of(checkpoint) -> Tokenizer | None:
+    """The tokenizer a text model's ``tinydit.models.checkpoint.Checkpoint`` stores, or None for a class model."""
+    return Tokenizer.from_dict(checkpoint.tokenizer) if checkpoint.tokenizer is not None else None

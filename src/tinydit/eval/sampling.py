@@ -21,7 +21,7 @@ from tinydit.eval.shape_fit import strict_scores
 from tinydit.flow.distill import warn_if_untrained_settings
 from tinydit.flow.generate import class_cycle, generate
 from tinydit.flow.settings import SamplingSettings
-from tinydit.models.checkpoint import load_model
+from tinydit.models.checkpoint import Checkpoint, load_model
 
 __all__ = ["EvalTarget", "eval_conditions", "generate_for_eval", "sample_for_eval", "score_model"]
 
@@ -38,9 +38,9 @@ class EvalTarget:
     holdout: tuple[str, ...] = ()
 
     @classmethod
-    def of_checkpoint(cls, state: dict) -> EvalTarget:
-        holdout = parse_phrases((state.get("train_config") or {}).get("holdout") or "")
-        return cls(state["data"]["name"], tuple(state["data"]["classes"]), tokenizer_of(state), tuple(holdout))
+    def of_checkpoint(cls, ckpt: Checkpoint) -> EvalTarget:
+        holdout = parse_phrases(ckpt.holdout or "")
+        return cls(ckpt.data.name, ckpt.data.classes, tokenizer_of(ckpt), tuple(holdout))
 
 
 def eval_conditions(target: EvalTarget, n: int) -> tuple[torch.Tensor, torch.Tensor, list[dict] | None]:
@@ -97,15 +97,15 @@ def generate_for_eval(
         raise TinyDiTError(f"`n` must be >= 1, got {n}")
     model, state = load_model(checkpoint, map_location=device)
     warn_if_untrained_settings(state, settings)
-    trained_on = state["data"]["name"]  # canonical, as the run resolved it
+    trained_on = state.data.name  # canonical, as the run resolved it
     if data is not None and canonical_name(data) != trained_on:
-        where = "the checkpoint" if isinstance(checkpoint, dict) else checkpoint
+        where = state.source
         raise TinyDiTError(f"{where} was trained on {trained_on}, not {data}; drop `data`")
     spec = spec_for(trained_on)  # an unsupported data set fails before any sampling
     target = EvalTarget.of_checkpoint(state)
     x, labels, info = sample_for_eval(model, target, n, settings, seed, progress=progress, world=world)
     sampler = {**settings.filled().to_json(), "seed": seed}
-    return x, labels, spec, state["data"]["classes"], {**info, "sampler": sampler}
+    return x, labels, spec, list(state.data.classes), {**info, "sampler": sampler}
 
 
 def sample_for_eval(

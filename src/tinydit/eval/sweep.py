@@ -116,7 +116,7 @@ def run_sweep(
     settings_of = _checked_settings(points, options, n, batch_size)
     out = Path(out)
     model, state = load_model(checkpoint, ema=ema, map_location=device)
-    data = state["data"]["name"]
+    data = state.data.name
     spec = spec_for(data)  # the reference, for every row
     if spec.feature_net is None:
         raise TinyDiTError(
@@ -124,7 +124,7 @@ def run_sweep(
             "tinydit sweep scores with the offline metrics (fashion-mnist and shapes)"
         )
     ensure_writable_dir(out)  # only once the inputs are known good
-    settings = {"checkpoint": str(Path(checkpoint).resolve()), "checkpoint_step": state.get("step"), "ema": ema}
+    settings = {"checkpoint": str(Path(checkpoint).resolve()), "checkpoint_step": state.step, "ema": ema}
     settings |= {"data": data, "split": split, "n": n, "seed": seed, **options, "format": SWEEP_FORMAT}
     settings["cfg_interval"] = list(cfg_interval) if cfg_interval is not None else None  # as JSON reads it back
     done = _previous_rows(out / "sweep.json", settings)

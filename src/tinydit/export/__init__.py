@@ -20,6 +20,7 @@ without Python.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import shutil
@@ -35,7 +36,7 @@ from tinydit.files import atomic_write, ensure_writable_dir, read_lines, write_t
 from tinydit.flow.settings import SamplingSettings
 from tinydit.models import pretrained
 from tinydit.models.attention import ATTENTION
-from tinydit.models.checkpoint import load_checkpoint, load_model
+from tinydit.models.checkpoint import Checkpoint, load_checkpoint, load_model
 from tinydit.models.linear import LINEAR
 
 __all__ = ["FORMATS", "export", "metadata", "find_ort_web"]
@@ -58,7 +59,7 @@ class _Velocity(nn.Module):
         return self.model(x, t, y) if d is None else self.model(x, t, y, d)
 
 
-def metadata(state: dict, model: nn.Module) -> dict:
+def metadata(state: Checkpoint, model: nn.Module) -> dict:
     """What a sampler of the exported model needs to know, as plain JSON."""
     c, tok = model.config, tokenizer_of(state)
     return {
@@ -66,16 +67,16 @@ def metadata(state: dict, model: nn.Module) -> dict:
         "version": 1,
         "image": {"channels": c.in_channels, "size": c.img_size},
         "cond": c.cond,
-        "classes": state["data"]["classes"],
+        "classes": list(state.data.classes),
         "n_classes": c.n_classes,
         "tokenizer": tok.to_dict() if tok is not None else None,
-        "prompts": state["data"].get("prompts"),
+        "prompts": list(state.data.prompts) if state.data.prompts is not None else None,
         "shortcut": bool(c.shortcut),
         "time": "t = 0 is data, t = 1 is Gaussian noise; x_t = (1 - t) x0 + t noise; the model returns v = dx/dt",
         "null": "the label n_classes" if c.cond == "class" else "the empty caption: BOS (1), then PAD (0)",
         "sampler": SamplingSettings.from_checkpoint(state).to_json(),
-        "data": state["data"]["name"],
-        "step": state.get("step"),
+        "data": state.data.name,
+        "step": state.step,
     }
 
 
@@ -209,9 +210,15 @@ def export(
             )
         state = load_checkpoint(checkpoint)
         load_model(state, ema=ema)  # the weights must fit their config before anything is written
-        shown = read_eval_metrics(metrics) if metrics is not None else run_metrics(checkpoint, state.get("step"))
-        state = {**state, "sampling": SamplingSettings.from_checkpoint(state).to_json()}  # as sample would use
-        return pretrained.save_pretrained(state, out, ema=ema, dtype=DTYPES[dtype], metrics=shown, about=about)
+        shown = read_eval_metrics(metrics) if metrics is not None else run_metrics(checkpoint, state.step)
+        state = dataclasses.replace(
+            state, sampling=SamplingSettings.from_checkpoint(state).to_json()
+        )  # as sample would
+        ema = ema and state.ema is not None
+        record, weights = state.to_dict(), state.weights(ema)
+        return pretrained.save_pretrained(
+            record, weights, out, ema=ema, dtype=DTYPES[dtype], metrics=shown, about=about
+        )
     model, state = load_model(checkpoint, ema=ema)
     meta = metadata(state, model)
     # The portable kernels: plain matmuls (the oneDNN linear is an opaque custom operator) and attention

@@ -12,6 +12,7 @@ from tinydit.distributed import SINGLE, World
 from tinydit.errors import TinyDiTError
 from tinydit.flow.samplers import SampleResult
 from tinydit.flow.settings import SamplingSettings
+from tinydit.models.checkpoint import Checkpoint
 from tinydit.progress import Progress
 
 __all__ = ["class_cycle", "generate", "sample_conditions", "resolve_labels", "resolve_prompts"]
@@ -76,11 +77,13 @@ def generate(
     return SampleResult(x, nfe)
 
 
-def sample_conditions(checkpoint, state: dict, n: int | None, classes, prompts, unconditional: bool, nrow: int | None):
+def sample_conditions(
+    checkpoint, state: Checkpoint, n: int | None, classes, prompts, unconditional: bool, nrow: int | None
+):
     """What ``sample`` draws each image of: (y, labels, names, nrow). Class models: labels (N,) of ``classes``
     (default all, n = 64), a column each; text models: caption ids (P n, L) of ``prompts`` (default the run's
     grid prompts, n = 8 each), a row each; ``unconditional``: the null label or the empty caption."""
-    names, tokenizer = state["data"]["classes"], tokenizer_of(state)
+    names, tokenizer = list(state.data.classes), tokenizer_of(state)
     if tokenizer is None:
         if prompts:
             raise TinyDiTError(
@@ -96,7 +99,7 @@ def sample_conditions(checkpoint, state: dict, n: int | None, classes, prompts, 
         return y, labels, names, nrow or (len(names) if not (classes or unconditional) else min(8, n))
     if classes:
         raise TinyDiTError(f"{checkpoint} is a text-to-image model: use `prompts`, not `classes`")
-    names = [""] if unconditional else list(prompts or state["data"]["prompts"])
+    names = [""] if unconditional else list(prompts or state.data.prompts)
     n = 8 if n is None else n
     y, labels = resolve_prompts(names, tokenizer, n, allow_empty=unconditional)  # (P n, L), (P n,): a row each
     return y, labels, names, nrow or n

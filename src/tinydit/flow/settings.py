@@ -30,6 +30,7 @@ from tinydit.data.names import BUILTIN_DATASETS
 from tinydit.errors import TinyDiTError
 from tinydit.flow.grids import DEFAULT_SHIFT
 from tinydit.flow.samplers import DEFAULT_ETA, DEFAULT_TOL, SampleResult, check_sampler_args, sample
+from tinydit.models.checkpoint import Checkpoint
 from tinydit.models.presets import MODEL_CONDS, MODEL_PRESETS
 
 __all__ = [
@@ -94,14 +95,12 @@ class SamplingSettings:
         return cls(**record)
 
     @classmethod
-    def from_checkpoint(cls, state: dict) -> SamplingSettings:
+    def from_checkpoint(cls, ckpt: Checkpoint) -> SamplingSettings:
         """The settings a checkpoint records, or, for one written before they were recorded, those its data
         set and preset would record now."""
-        if isinstance(state.get("sampling"), dict):
-            return cls.from_json(state["sampling"])
-        train, data = state.get("train_config") or {}, state.get("data") or {}
-        cond = (state.get("model_config") or {}).get("cond", "class")  # an incomplete checkpoint fails in load_model
-        return recommended_sampling(data.get("name", ""), train.get("preset", ""), cond, train.get("few_step", "none"))
+        if isinstance(ckpt.sampling, dict):
+            return cls.from_json(ckpt.sampling)
+        return recommended_sampling(ckpt.data.name, ckpt.preset or "", ckpt.config.cond, ckpt.few_step)
 
     def with_flags(self, **given) -> SamplingSettings:
         """These settings with each one given (not None) in place of the recorded one; ``source`` says which

@@ -81,43 +81,42 @@ def reference_folder(name: str) -> Path:
     return REFERENCE / name
 
 
-def pretrained_config(state: dict) -> dict:
-    """The config.json of a checkpoint dict: ``KEPT`` and the format, version and time convention."""
+def pretrained_config(record: dict) -> dict:
+    """The config.json of a checkpoint's ``record`` (``Checkpoint.to_dict``): ``KEPT`` of it and the format,
+    version and time convention."""
     config = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "tinydit_version": __version__,
         "time": TIME_CONVENTION,
     }
-    config.update({k: state.get(k) for k in KEPT})
-    config["model_type"] = config["model_type"] or "dit"
+    config.update({k: record.get(k) for k in KEPT})
     return config
 
 
 def save_pretrained(
-    state: dict,
+    record: dict,
+    weights: dict,
     folder: str | Path,
     ema: bool = True,
     dtype: torch.dtype | None = None,
     metrics: dict | None = None,
     about: str | None = None,
 ) -> Path:
-    """Write ``state`` (a checkpoint dict) as a pretrained folder: its EMA weights (``ema``) in ``dtype``
-    (None: as trained, fp32), config.json and a model card that shows ``metrics`` (an evaluation's
-    metrics.json, or None) and ``about`` (a line: the command and machine it was trained with). Returns
-    the folder."""
-    use_ema = ema and state.get("ema") is not None
-    weights = state["ema"] if use_ema else state["model"]
+    """Write a checkpoint's ``record`` (``tinydit.models.checkpoint.Checkpoint.to_dict``) and ``weights`` (its
+    EMA weights where ``ema``) as a pretrained folder: the weights in ``dtype`` (None: as trained, fp32),
+    config.json and a model card that shows ``metrics`` (an evaluation's metrics.json, or None) and ``about``
+    (a line: the command and machine it was trained with). Returns the folder."""
     tensors = {
         k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).detach().cpu().contiguous()
         for k, v in weights.items()
     }
     folder = Path(folder)
     ensure_writable_dir(folder)
-    config = pretrained_config(state)
+    config = pretrained_config(record)
     config["about"] = about
     config["metrics"] = metrics
-    config["weights"] = {"ema": bool(use_ema), "dtype": str(next(iter(tensors.values())).dtype).removeprefix("torch.")}
+    config["weights"] = {"ema": bool(ema), "dtype": str(next(iter(tensors.values())).dtype).removeprefix("torch.")}
     from safetensors.torch import save
 
     with atomic_write(folder / WEIGHTS) as f:

@@ -1,8 +1,6 @@
-"""Writing checkpoints, and checking that a continuation is the same run as the one on disk.
+"""Continuing a run from its checkpoint: checking that it is the same run, and loading its state.
 
-A checkpoint (read back by ``tinydit.models.checkpoint``) holds everything needed to sample from a run
-or to continue it exactly; it is written through the one atomic writer, so an interrupted save keeps
-the previous checkpoint whole.
+The checkpoint itself (its fields, reading, upgrading and writing) is ``tinydit.models.checkpoint.Checkpoint``.
 """
 
 from __future__ import annotations
@@ -17,14 +15,11 @@ import torch
 
 from tinydit.config import TRAJECTORY_FIELDS, TrainConfig
 from tinydit.errors import TinyDiTError
-from tinydit.files import torch_save
 from tinydit.flow.meanflow import TIME_SCALE as MEANFLOW_TIME_SCALE
-from tinydit.models.checkpoint import FORMAT, FORMAT_VERSION
-from tinydit.models.registry import config_from_dict, preset_config
-from tinydit.version import __version__
+from tinydit.models.checkpoint import Checkpoint
+from tinydit.models.registry import preset_config
 
 __all__ = [
-    "save_checkpoint",
     "check_same_run",
     "check_same_schedule",
     "model_config_for",
@@ -33,26 +28,18 @@ __all__ = [
 ]
 
 
-def save_checkpoint(path: str | Path, state: dict) -> None:
-    """Write ``state`` (plus the format fields) to ``path`` atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"format": FORMAT, "format_version": FORMAT_VERSION, "tinydit_version": __version__, **state}
-    torch_save(path, payload)
-
-
-def check_same_run(cfg: TrainConfig, state: dict, out: Path, preset: str | None = None) -> None:
-    """Refuse to continue the run in ``state`` with settings that change what it computes, or a checkpoint
+def check_same_run(cfg: TrainConfig, ckpt: Checkpoint, out: Path, preset: str | None = None) -> None:
+    """Refuse to continue the run in ``ckpt`` with settings that change what it computes, or a checkpoint
     that lacks what a continuation needs. ``preset``: the run's, where it is not ``cfg``'s (a student's is
     its teacher's)."""
-    missing = [k for k in ("model", "ema", "optimizer", "train_seconds", "rng") if k not in state]
+    missing = ckpt.can_continue
     if missing:
         raise TinyDiTError(
             f"{out / 'checkpoint.pt'} lacks {', '.join(missing)}, so the run cannot be continued; "
             "start afresh with `overwrite` or choose another `out`"
         )
-    old = TrainConfig.from_dict(state["train_config"])
-    old_data, new_data = state["data"]["name"], cfg.data  # both canonical: ``cfg`` is resolved
+    old = ckpt.train()
+    old_data, new_data = ckpt.data.name, cfg.data  # both canonical: ``cfg`` is resolved
     new = {name: getattr(cfg, name) for name in TRAJECTORY_FIELDS} | {"preset": preset or cfg.preset}
     changed = [
         f"{name}: {getattr(old, name)!r} -> {new[name]!r}"
@@ -60,7 +47,7 @@ def check_same_run(cfg: TrainConfig, state: dict, out: Path, preset: str | None 
         if name != "data"
         and getattr(old, name) != new[name]
         # The cool-down's share of a time budget matters only once its plan is made (the decay begins then).
-        and not (name == "cooldown_frac" and state.get("plan") is None)
+        and not (name == "cooldown_frac" and ckpt.plan is None)
     ]
     if old_data != new_data:
         changed.insert(0, f"data: {old_data!r} -> {new_data!r}")
@@ -69,7 +56,7 @@ def check_same_run(cfg: TrainConfig, state: dict, out: Path, preset: str | None 
             f"{out} holds a run with other settings ({'; '.join(changed)}); "
             "re-run with the same settings to continue it, or choose another `out` (or `overwrite`)"
         )
-    check_same_schedule(old, cfg, int(state["step"]), out)
+    check_same_schedule(old, cfg, ckpt.step, out)
 
 
 def check_same_schedule(old: TrainConfig, new: TrainConfig, step: int, out: Path) -> None:
@@ -85,12 +72,12 @@ def check_same_schedule(old: TrainConfig, new: TrainConfig, step: int, out: Path
         )
 
 
-def model_config_for(cfg: TrainConfig, fields: dict, state: dict | None, teacher: dict | None):
+def model_config_for(cfg: TrainConfig, fields: dict, ckpt: Checkpoint | None, teacher: Checkpoint | None):
     """The run's model config: the preset with the data's ``fields`` and the run's switches; a student's
     is its teacher's with the step-size input. A continued run keeps the architecture it started with,
     even if its preset has changed since (presets follow the ablations); only the data must still fit."""
     if teacher is not None:
-        return dataclasses.replace(config_from_dict(cfg.model, teacher["model_config"]), shortcut=True)
+        return dataclasses.replace(teacher.config, shortcut=True)
     config = preset_config(
         cfg.model,
         cfg.preset,
@@ -100,33 +87,29 @@ def model_config_for(cfg: TrainConfig, fields: dict, state: dict | None, teacher
         **({"time_scale": MEANFLOW_TIME_SCALE} if cfg.few_step == "meanflow" else {}),
         cond=cfg.cond,
     )
-    if state is not None:
-        stored = config_from_dict(cfg.model, state["model_config"])
-        if all(getattr(stored, f) == getattr(config, f) for f in fields):
-            return stored
+    if ckpt is not None and all(getattr(ckpt.config, f) == getattr(config, f) for f in fields):
+        return ckpt.config
     return config
 
 
-def restore(
-    state: dict, path: Path, kind: str, config, classes: list[str], model, ema, opt, scaler
-) -> tuple[int, float]:
+def restore(ckpt: Checkpoint, kind: str, config, classes: list[str], model, ema, opt, scaler) -> tuple[int, float]:
     """Load a checkpoint into the run's model, EMA, optimizer and gradient scaler; returns (step, seconds)."""
-    if config_from_dict(kind, state["model_config"]) != config:
-        raise TinyDiTError(f"{path} holds another model ({state['model_config']}); choose another `out`")
-    if state["data"]["classes"] != classes:
+    if ckpt.model_type != kind or ckpt.config != config:
+        raise TinyDiTError(f"{ckpt.source} holds another model ({ckpt.config.to_dict()}); choose another `out`")
+    if list(ckpt.data.classes) != list(classes):
         raise TinyDiTError(
-            f"the classes of the data changed since {path} was written ({state['data']['classes']} "
-            f"-> {classes}); choose another `out`"
+            f"the classes of the data changed since {ckpt.source} was written ({list(ckpt.data.classes)} "
+            f"-> {list(classes)}); choose another `out`"
         )
-    model.load_state_dict(state["model"])
-    ema.load_state_dict(state["ema"])
-    opt.load_state_dict(state["optimizer"])
-    if "grad_scaler" in state and scaler.is_enabled():
-        scaler.load_state_dict(state["grad_scaler"])
-    torch.set_rng_state(state["rng"]["torch"])
-    if torch.cuda.is_available() and state["rng"].get("cuda"):
-        torch.cuda.set_rng_state_all(state["rng"]["cuda"])
-    return int(state["step"]), float(state["train_seconds"])
+    model.load_state_dict(ckpt.model)
+    ema.load_state_dict(ckpt.ema)
+    opt.load_state_dict(ckpt.optimizer)
+    if ckpt.grad_scaler is not None and scaler.is_enabled():
+        scaler.load_state_dict(ckpt.grad_scaler)
+    torch.set_rng_state(ckpt.rng["torch"])
+    if torch.cuda.is_available() and ckpt.rng.get("cuda"):
+        torch.cuda.set_rng_state_all(ckpt.rng["cuda"])
+    return ckpt.step, float(ckpt.train_seconds)
 
 
 class GracefulInterrupt:

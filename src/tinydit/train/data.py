@@ -24,6 +24,7 @@ from tinydit.data.datasets import open_dataset
 from tinydit.data.shapes import GRID_PROMPTS
 from tinydit.data.text import Tokenizer, class_captions, holds_phrase
 from tinydit.errors import TinyDiTError
+from tinydit.models.checkpoint import Checkpoint, DataRecord
 from tinydit.train.optim import step_generator
 
 __all__ = ["RunData", "BatchOrder", "prepare_data", "cache_dataset"]
@@ -51,17 +52,11 @@ class RunData:
             out.update(vocab_size=self.tokenizer.vocab_size, text_len=self.tokenizer.max_len)
         return out
 
-    def record(self) -> dict:
+    def record(self) -> DataRecord:
         """What a checkpoint records of the data: its name, classes and image shape (text runs: the grid prompts)."""
         ds = self.train_set
-        prompts = {"prompts": list(self.prompts)} if self.tokenizer is not None else {}
-        return {
-            "name": self.name,
-            "classes": list(ds.classes),
-            "channels": ds.channels,
-            "img_size": ds.img_size,
-            **prompts,
-        }
+        prompts = tuple(self.prompts) if self.tokenizer is not None else None
+        return DataRecord(self.name, tuple(ds.classes), ds.channels, ds.img_size, prompts)
 
     def batch(
         self, train: bool, idx: torch.Tensor, generator=None, device="cpu", flips: torch.Tensor | None = None
@@ -166,7 +161,10 @@ def only_classes(ds: CachedDataset, spec: str) -> CachedDataset:
 
 
 def prepare_data(
-    cfg: TrainConfig, state: dict | None = None, dataset: Dataset | None = None, val_dataset: Dataset | None = None
+    cfg: TrainConfig,
+    state: Checkpoint | None = None,
+    dataset: Dataset | None = None,
+    val_dataset: Dataset | None = None,
 ) -> RunData:
     """The run's data: ``cfg.data`` by name (``cfg`` resolved, ``tinydit.train.resolve``), or ``dataset`` (and
     ``val_dataset``) given from Python."""
@@ -181,7 +179,7 @@ def prepare_data(
     if cfg.cond != "text":
         return data
     data.train_set, data.n_held_out = _hold_out(train_set, cfg.held_out_phrases(), cfg.holdout)
-    stored = state.get("tokenizer") if state is not None else None
+    stored = state.tokenizer if state is not None else None
     data.tokenizer = (
         Tokenizer.from_dict(stored) if stored is not None else Tokenizer.from_captions(data.train_set.captions)
     )

@@ -22,7 +22,6 @@ from tinydit.flow.path import N_T_BINS, t_bins
 from tinydit.runtime import autocast
 from tinydit.train import optim
 from tinydit.train.budget import Clock
-from tinydit.train.checkpoint import save_checkpoint
 from tinydit.train.diagnostics import sample_grid
 
 __all__ = ["Window", "Events", "best_metric"]
@@ -195,7 +194,7 @@ class Events:
         best = self.best is None or (value < self.best["value"] if lower else value > self.best["value"])
         if best:
             self.best = {"metric": metric, "value": value, "step": tr.run.step}
-            save_checkpoint(tr.out / "best.pt", tr.state_dict())
+            tr.checkpoint().save(tr.out / "best.pt")
         seconds = Clock.now() - t0
         tr.log.record(
             {

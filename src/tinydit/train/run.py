@@ -17,7 +17,7 @@ from tinydit.config import TrainConfig
 from tinydit.errors import TinyDiTError
 from tinydit.flow import distill
 from tinydit.models.attention import resolve_backend as resolve_attention
-from tinydit.models.checkpoint import unwrap
+from tinydit.models.checkpoint import Checkpoint, unwrap
 from tinydit.models.linear import linear_backend
 from tinydit.models.linear import resolve_backend as resolve_linear
 from tinydit.models.registry import build_model
@@ -89,16 +89,16 @@ class Run:
         self.step, self.train_seconds = 0, 0.0
         self.linear_kernel: str | None = None  # None: whatever the caller's context (or auto) picks
 
-    def restore(self, state: dict, path: Path, kind: str, config, classes: list[str]) -> None:
+    def restore(self, ckpt: Checkpoint, kind: str, config, classes: list[str]) -> None:
         """Continue from a checkpoint's weights, EMA, optimizer, scaler, step and seconds. A continuation on
         the same kind of device in the same precision also keeps its token-linear kernel: the
         alternatives round differently."""
         if self.alignment is not None:  # before the optimizer's state, which holds the projector's moments
-            self.alignment.projector.load_state_dict(state["repa_projector"])
+            self.alignment.projector.load_state_dict(ckpt.repa_projector)
         self.step, self.train_seconds = restore(
-            state, path, kind, config, classes, self.model, self.ema, self.opt, self.scaler
+            ckpt, kind, config, classes, self.model, self.ema, self.opt, self.scaler
         )
-        saved = state.get("kernels")
+        saved = ckpt.kernels
         if saved is not None and (saved["device"], saved["precision"]) == (self.device.type, self.precision):
             self.linear_kernel = saved["token_linears"]
 

@@ -20,7 +20,7 @@ from tinydit.flow.distill import KNOTS, distill_loss
 from tinydit.flow.generate import class_cycle
 from tinydit.flow.samplers import FIXED_STEP_SAMPLERS, sample_path
 from tinydit.flow.settings import SamplingSettings
-from tinydit.models.checkpoint import load_checkpoint, load_model
+from tinydit.models.checkpoint import Checkpoint, load_model
 from tinydit.progress import Progress
 from tinydit.runtime import autocast
 
@@ -110,23 +110,22 @@ def teacher_paths(
     return TeacherPaths(states, y, nfe, time.perf_counter() - started)
 
 
-def load_teacher(path: str, model_type: str, data_name: str) -> dict:
+def load_teacher(path: str, model_type: str, data_name: str) -> Checkpoint:
     """The teacher's checkpoint, checked: a class-conditional ``model_type`` trained on ``data_name``."""
-    teacher = load_checkpoint(path)
-    kind, cond = teacher.get("model_type", "dit"), teacher["model_config"].get("cond", "class")
+    teacher = Checkpoint.load(path)
+    kind, cond = teacher.model_type, teacher.config.cond
     if kind != model_type or cond != "class":
         raise TinyDiTError(
             f"`teacher` {path} is a {kind} conditioned on {cond}; distillation needs a class-conditional {model_type}"
         )
-    if teacher["data"]["name"] != data_name:
+    if teacher.data.name != data_name:
         raise TinyDiTError(
-            f"`teacher` {path} was trained on {teacher['data']['name']}, not {data_name}; "
-            f"pass `data` {teacher['data']['name']}"
+            f"`teacher` {path} was trained on {teacher.data.name}, not {data_name}; pass `data` {teacher.data.name}"
         )
     return teacher
 
 
-def run_paths(cfg, teacher_state: dict, cache: Path, device, precision: str, progress: bool = True):
+def run_paths(cfg, teacher_state: Checkpoint, cache: Path, device, precision: str, progress: bool = True):
     """A run's training and validation paths (``cfg.distill_paths`` and ``cfg.val_size`` of them, from
     two seeds derived from ``cfg.seed``): sampled once with the run's ``teacher_*`` settings, then read
     from ``cache``. Returns two ``TeacherPaths``."""
@@ -179,7 +178,7 @@ class Distillation:
     def __init__(self, cfg):
         self.cfg = cfg  # resolved: ``cfg.data`` is the name the teacher's checkpoint must record too
         self.state = load_teacher(cfg.teacher, cfg.model, cfg.data)
-        self.preset: str = self.state["train_config"]["preset"]
+        self.preset: str = self.state.preset
         self.paths: TeacherPaths | None = None
         self.val_paths: TeacherPaths | None = None
 

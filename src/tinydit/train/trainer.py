@@ -27,12 +27,12 @@ from tinydit.flow.guidance import null_condition
 from tinydit.flow.meanflow import check_jvp, draw_interval
 from tinydit.flow.path import sample_t
 from tinydit.flow.settings import SamplingSettings, recommended_sampling
-from tinydit.models.checkpoint import load_checkpoint, unwrap
+from tinydit.models.checkpoint import Checkpoint, unwrap
 from tinydit.models.registry import build_model
 from tinydit.runtime import autocast, resolve_device, resolve_precision
 from tinydit.train import optim
 from tinydit.train.budget import Budget, Clock
-from tinydit.train.checkpoint import GracefulInterrupt, check_same_run, model_config_for, save_checkpoint
+from tinydit.train.checkpoint import GracefulInterrupt, check_same_run, model_config_for
 from tinydit.train.data import BatchOrder, prepare_data
 from tinydit.train.diagnostics import validation_losses
 from tinydit.train.events import Events, best_metric
@@ -93,7 +93,7 @@ class Trainer:
             self.lock.release()
             raise
 
-    def _read(self, overwrite: bool, require_resume: bool, dataset, val_dataset) -> dict | None:
+    def _read(self, overwrite: bool, require_resume: bool, dataset, val_dataset) -> Checkpoint | None:
         """The checkpoint to continue (or None), the teacher of a student, and the data; then the run directory."""
         cfg, main = self.cfg, self.world.main  # only rank 0 locks, writes and prints
         self.device = self.world.device(resolve_device(cfg.device))
@@ -104,12 +104,12 @@ class Trainer:
         self.preset = self.teacher.preset if self.teacher is not None else cfg.preset  # a student takes its teacher's
         state = None
         if self.ckpt_path.exists() and not overwrite:
-            state = load_checkpoint(self.ckpt_path)
+            state = Checkpoint.load(self.ckpt_path)
             check_same_run(cfg, state, self.out, self.preset)
         elif require_resume:
             raise TinyDiTError(f"`resume` given, but {self.ckpt_path} does not exist; drop `resume` to start a run")
-        step = int(state["step"]) if state is not None else 0
-        self.budget = Budget(cfg, step, state.get("plan") if state is not None else None, str(self.out))
+        step, plan = (state.step, state.plan) if state is not None else (0, None)
+        self.budget = Budget(cfg, step, plan, str(self.out))
         self.compiled = self.budget.compiles(self.device)
         with self.world.main_first():  # rank 0 downloads, decodes and caches; the others then read its files
             self.data = prepare_data(cfg, state, dataset, val_dataset)
@@ -118,7 +118,7 @@ class Trainer:
             self.lock.acquire()
         return state
 
-    def _build(self, state: dict | None, overwrite: bool) -> None:
+    def _build(self, state: Checkpoint | None, overwrite: bool) -> None:
         """The run's parts, from the checkpoint where it continues one."""
         cfg, main = self.cfg, self.world.main
         self.log = RunLog(self.out, self.progress, cfg.tensorboard, quiet=not main)
@@ -135,8 +135,8 @@ class Trainer:
         teacher_state = self.teacher.state if self.teacher is not None else None
         self.model_config = model_config_for(cfg, self.data.model_fields(), state, teacher_state)
         # A checkpoint from before the fused AdamW continues unfused: exact, and fp16's scaler keeps the unfused step.
-        unfused = state is not None and not state["optimizer"]["param_groups"][0].get("fused")
-        student_of = teacher_state["ema"] if teacher_state is not None and state is None else None
+        unfused = state is not None and not state.optimizer_fused
+        student_of = teacher_state.ema if teacher_state is not None and state is None else None
         setup = (cfg.model, self.model_config, cfg, self.device, self.precision, self.world, self.compiled)
         self.run = Run(*setup, student_of, unfused, repa_encoder(cfg.repa, self.data.name), *self.parts)
         if cfg.few_step == "meanflow":  # a model that cannot carry a tangent is refused before training
@@ -144,7 +144,7 @@ class Trainer:
         if self.run.alignment is not None:  # the encoder runs once per training image, not once per step
             self.run.alignment.keep_targets(len(self.data.train_set))
         if state is not None:  # also keeps its token-linear kernel where the device and precision are the same
-            self.run.restore(state, self.ckpt_path, cfg.model, self.model_config, self.data.train_set.classes)
+            self.run.restore(state, cfg.model, self.model_config, self.data.train_set.classes)
         elif overwrite and main:
             (self.out / "metrics.jsonl").unlink(missing_ok=True)
         if self.teacher is not None:  # a student trains on its teacher's paths
@@ -153,29 +153,28 @@ class Trainer:
         self.batch_size = min(cfg.batch_size, n_train)
         distributed.check_split(self.batch_size, self.world.size)
         self.order = BatchOrder(n_train, self.batch_size, cfg.seed)
-        self.events = Events(self, state.get("best") if state is not None else None)
+        self.events = Events(self, state.best if state is not None else None)
         if main:  # config.json: the resolved config and what the run runs on
             self.log.write_config(cfg, self.preset, self.data, self.model_config, self.run, self.world.size)
 
-    def state_dict(self) -> dict:
+    def checkpoint(self) -> Checkpoint:
         """The checkpoint: everything needed to sample from the run or to continue it exactly."""
-        text = {"tokenizer": self.data.tokenizer.to_dict()} if self.text else {}
-        return {
-            "model_type": self.cfg.model,
-            "model_config": self.model_config.to_dict(),
-            **text,
-            "train_config": {**self.cfg.to_dict(), "preset": self.preset},
-            "data": self.data.record(),
+        return Checkpoint(
+            model_type=self.cfg.model,
+            config=self.model_config,
+            train_config={**self.cfg.to_dict(), "preset": self.preset},
+            data=self.data.record(),
+            tokenizer=self.data.tokenizer.to_dict() if self.text else None,
             **self.run.state_dict(),
-            "best": self.events.best,
-            "sampling": self.sampling.to_json(),
-            "plan": self.budget.plan,
-            "kernels": {"device": self.device.type, "precision": self.precision, **self.run.kernels()},
-        }
+            best=self.events.best,
+            sampling=self.sampling.to_json(),
+            plan=self.budget.plan,
+            kernels={"device": self.device.type, "precision": self.precision, **self.run.kernels()},
+        )
 
     def save(self) -> Path:
         """Write the checkpoint, unless the weights went non-finite: then the last good one is kept."""
-        save_checkpoint(self.ckpt_path, self.state_dict())
+        self.checkpoint().save(self.ckpt_path)
         return self.ckpt_path
 
     def train_step(self) -> torch.Tensor:

@@ -1,0 +1,79 @@
+"""The checkpoint as a type: what older releases wrote is upgraded in one place, what is written reads back
+the same, and a damaged file is refused by name."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tinydit.errors import TinyDiTError
+from tinydit.flow.settings import SamplingSettings, recommended_sampling
+from tinydit.models.checkpoint import Checkpoint, load_model
+from tinydit.models.pretrained import reference_folder
+
+FIXTURE = Path(__file__).parent / "fixtures" / "dit-0.2m.pt"  # written by an earlier release: no sampling, no repa
+
+
+def _older(tmp_path: Path, **changes) -> Path:
+    """The fixture as a still older release wrote it: no model type (every model was a DiT), no image shape,
+    no kernels; ``changes`` edit the dict further (None deletes a key)."""
+    state = torch.load(FIXTURE, weights_only=True)
+    del state["model_type"], state["kernels"], state["data"]["channels"], state["data"]["img_size"]
+    for key, value in changes.items():
+        if value is None:
+            state.pop(key, None)
+        else:
+            state[key] = value
+    path = tmp_path / "older.pt"
+    torch.save(state, path)
+    return path
+
+
+def test_an_older_file_is_upgraded_where_it_is_read(tmp_path):
+    ckpt = Checkpoint.load(_older(tmp_path))
+    assert ckpt.model_type == "dit" and ckpt.config.cond == "class" and ckpt.preset == "dit-0.2m"
+    assert ckpt.data.name == "shapes" and ckpt.data.channels is None and ckpt.data.prompts is None
+    assert ckpt.train().repa == 0.0  # stored before the alignment existed: it trained without it
+    assert ckpt.sampling is None and ckpt.kernels is None and ckpt.few_step == "none"
+    # what it would record now, from the measured records
+    assert SamplingSettings.from_checkpoint(ckpt) == recommended_sampling("shapes", "dit-0.2m", "class", "none")
+    model, _ = load_model(ckpt)
+    assert type(model).__name__ == "DiT" and ckpt.can_continue == [] and ckpt.optimizer_fused
+
+
+def test_written_back_it_holds_the_upgrade_and_keeps_what_it_does_not_know(tmp_path):
+    raw = torch.load(FIXTURE, weights_only=True)
+    ckpt = Checkpoint.load(_older(tmp_path, note_from_a_newer_release={"kept": [1, 2]}))
+    ckpt.save(tmp_path / "again.pt")
+    again = torch.load(tmp_path / "again.pt", weights_only=True)
+    assert again["model_type"] == "dit" and again["train_config"]["repa"] == 0.0
+    assert again["note_from_a_newer_release"] == {"kept": [1, 2]}
+    assert again["data"] == {"name": "shapes", "classes": ["circle", "square", "triangle", "cross"]}
+    # the model config gains the fields added since, at the values the file was read with
+    assert again["model_config"] == ckpt.config.to_dict() and again["step"] == raw["step"]
+    assert {k: again["model_config"][k] for k in raw["model_config"]} == raw["model_config"]
+    for key in ("model", "ema"):
+        assert all(torch.equal(again[key][k], raw[key][k]) for k in raw[key]), key
+    assert Checkpoint.load(tmp_path / "again.pt").train().to_dict() == ckpt.train().to_dict()
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(data={"name": "shapes"}), "lacks data.classes"),
+        (dict(model=None, ema=None), "lacks model"),
+        (dict(step=None), "lacks step"),
+        (dict(model_config={"dim": 64, "wings": 2}), "unknown DiT config keys \\['wings'\\]"),
+    ],
+)
+def test_a_damaged_file_is_refused_by_name(tmp_path, changes, message):
+    path = _older(tmp_path, **changes)
+    with pytest.raises(TinyDiTError, match=message):
+        Checkpoint.load(path)
+
+
+def test_a_pretrained_folder_reads_as_a_checkpoint_that_cannot_be_continued():
+    ckpt = Checkpoint.load(reference_folder("shapes"))
+    assert ckpt.source.endswith("model.safetensors") and ckpt.data.name == "shapes"
+    assert ckpt.sampling is not None and ckpt.weights(ema=True) is ckpt.ema
+    assert ckpt.can_continue == ["optimizer", "rng"]  # sampling's part only
