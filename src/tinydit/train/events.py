@@ -1,30 +1,28 @@
 """What a run does between its steps, each every so many steps: log the loss since the last log line,
 validate, draw the sample grid, evaluate (keeping the best checkpoint as best.pt) and checkpoint.
 
-The events read the run's parts from the ``Trainer`` they are given, as a callback does, and write through
-its log; what they keep (the best evaluation so far, the last validation losses and grid) is theirs, and the
-trainer reads it back for its checkpoint and report. The log window takes its parts as arguments.
+``Events`` decides when, from the config's intervals, and keeps what the events leave (the log window, the
+best evaluation so far, the last validation losses and grid), which the trainer reads back for its
+checkpoint and report; what each event computes with the run's parts, the trainer gives it as ``Actions``.
 Rank 0 alone validates, draws, evaluates and writes; every rank takes part in the logged loss's
 reduction and keeps the same clock of seconds trained.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from tinydit.compiling import eagerly
+from tinydit.config import TrainConfig
 from tinydit.errors import TinyDiTError
 from tinydit.eval.evaluate import default_best_metric, lower_is_better
-from tinydit.eval.sampling import EvalTarget, score_model
 from tinydit.flow.path import N_T_BINS, t_bins
-from tinydit.runtime import autocast
-from tinydit.train import optim
 from tinydit.train.budget import Clock
-from tinydit.train.diagnostics import sample_grid
 
-__all__ = ["Window", "Events", "best_metric"]
+__all__ = ["Window", "Actions", "Events", "best_metric"]
 
 
 class Window:
@@ -85,25 +83,51 @@ def best_metric(cfg, data_name: str, text: bool) -> tuple[str, bool]:
     return metric, lower_is_better(metric)
 
 
-class Events:
-    """The periodic events of ``trainer``'s loop, and the last of each when it ends."""
+@dataclass(frozen=True)
+class Actions:
+    """What the events do with the run's parts (the trainer's methods): validate (the raw weights' and the
+    EMA's loss, and the EMA's per bin), draw the sample grid at a step (its file), score the EMA's samples
+    (the metrics), and save a checkpoint (to the run's checkpoint.pt, or to the path given)."""
 
-    def __init__(self, trainer, best: dict | None = None):
-        self.trainer = trainer
+    validate: Callable[[], tuple[float, float, list[float]]]
+    draw_grid: Callable[[int], Path]
+    score: Callable[[], dict[str, float]]
+    save: Callable[..., Path]
+
+
+class Events:
+    """When each periodic event of a run's loop fires (the ``cfg``'s intervals), and what the events keep:
+    the log window, the best evaluation so far, the last validation losses and grid."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        run,
+        log,
+        world,
+        budget,
+        batch_size: int,
+        actions: Actions,
+        best_metric: tuple[str, bool] | None,
+        best: dict | None = None,
+    ):
+        self.cfg, self.run, self.log, self.world, self.budget = cfg, run, log, world, budget
+        self.batch_size, self.actions, self.best_metric = batch_size, actions, best_metric
         self.best = best  # {metric, value, step} of best.pt, kept here and written into every checkpoint
-        self.window = Window(trainer.device, trainer.run.step)
+        self.window = Window(run.device, run.step)
+        self.clock = Clock(run.train_seconds)
         self.val = self.val_ema = self.samples = None
         self.by_t: list[float] = []
 
-    def start(self, step: int) -> None:
-        """The loop begins at ``step``: a fresh log window."""
-        self.window = Window(self.trainer.device, step)
+    def start(self, clock: Clock) -> None:
+        """The loop begins, its seconds trained on ``clock``: a fresh log window."""
+        self.clock, self.window = clock, Window(self.run.device, self.run.step)
 
     def fire(self, step: int, stop: bool) -> None:
         """Every event due at ``step`` (the log line also when the loop stops)."""
-        tr, cfg, main = self.trainer, self.trainer.cfg, self.trainer.world.main
+        cfg, main = self.cfg, self.world.main
         if step % cfg.log_every == 0 or stop:
-            self.by_t = self.window.close(step, tr.log, tr.world, tr.batch_size, tr.budget, tr.clock())
+            self.by_t = self.window.close(step, self.log, self.world, self.batch_size, self.budget, self.clock())
         if step % cfg.val_every == 0 and main:
             self.validate()
         if step % cfg.sample_every == 0 and main:
@@ -112,97 +136,51 @@ class Events:
             seconds = self.evaluate()
             self.window.skip(seconds)  # images per second count training time only
             if cfg.eval_budget == "outside":
-                tr.clock.pause(seconds)
+                self.clock.pause(seconds)
         if step % cfg.ckpt_every == 0:
-            tr.run.train_seconds = tr.clock()
+            self.run.train_seconds = self.clock()
             if main:
-                tr.save()
+                self.actions.save()
 
     def finish(self, step: int) -> None:
         """Rank 0 at the end: the measurements not made at this very step, then the last checkpoint."""
-        cfg = self.trainer.cfg
+        cfg = self.cfg
         if step % cfg.val_every:
             self.validate()
         if step % cfg.sample_every:
             self.sample_grid()
         if cfg.eval_every and step % cfg.eval_every:
             self.evaluate()
-        self.trainer.save()
+        self.actions.save()
 
     def validate(self) -> None:
         """The validation loss of the raw weights and of the EMA (also per bin of t) into metrics.jsonl."""
-        tr = self.trainer
-        with eagerly():  # the model's compiled blocks (regional compilation) run as they are
-            self.val = tr.validation_losses(tr.run.model)[0]
-            self.val_ema, self.by_t = tr.validation_losses(tr.run.ema)
-        key = "val_loss_ema_by_steps" if tr.teacher is not None else "val_loss_ema_by_t"
-        tr.log.record(
-            {
-                "step": tr.run.step,
-                "val_loss": self.val,
-                "val_loss_ema": self.val_ema,
-                key: [round(v, 5) for v in self.by_t],
-            }
-        )
+        self.val, self.val_ema, self.by_t = self.actions.validate()
+        key = "val_loss_ema_by_steps" if self.cfg.few_step == "distill" else "val_loss_ema_by_t"
+        record = {"val_loss": self.val, "val_loss_ema": self.val_ema, key: [round(v, 5) for v in self.by_t]}
+        self.log.record({"step": self.run.step, **record})
 
     def sample_grid(self) -> Path:
-        """EMA samples from the same noise at every step, into samples/step_NNNNNN.png and samples.png."""
-        tr = self.trainer
-        cfg = tr.cfg
-        # what `tinydit sample --steps --cfg-scale` would draw: the record, with the flags of the run's grids
-        settings = tr.sampling.with_flags(steps=cfg.sample_steps, cfg_scale=cfg.sample_cfg)
-        path = tr.out / "samples" / f"step_{tr.run.step:06d}.png"
-        with autocast(tr.device, tr.precision):
-            sample_grid(
-                tr.run.ema_forward,
-                tr.data,
-                tr.model_config,
-                optim.step_generator(cfg.seed, 31),
-                tr.device,
-                settings,
-                [path, tr.out / "samples.png"],
-            )
-        tr.log.image("samples", tr.run.step, path)
-        self.samples = path
-        return path
+        """The EMA's sample grid at this step, into the log."""
+        self.samples = self.actions.draw_grid(self.run.step)
+        self.log.image("samples", self.run.step, self.samples)
+        return self.samples
 
-    @torch.no_grad()
     def evaluate(self) -> float:
-        """Score ``eval_n`` EMA samples (in the run's precision, with the sampler settings the checkpoint
-        records) into metrics.jsonl and keep the best as best.pt; returns the seconds it took."""
-        tr = self.trainer
+        """Score the EMA's samples into metrics.jsonl and keep the best as best.pt; returns the seconds it took."""
         t0 = Clock.now()
-        metric, lower = tr.best_metric  # chosen once, when the run was set up
-        # what the samples are asked to be: the run's own data, not a checkpoint's record of it
-        classes = tuple(tr.data.train_set.classes)
-        target = EvalTarget(tr.data.name, classes, tr.data.tokenizer, tr.cfg.held_out_phrases())
-        with autocast(tr.device, tr.precision):  # the run's precision: its scores follow the run, not the machine
-            metrics = score_model(
-                tr.run.ema_forward,
-                target,
-                tr.cfg.eval_n,
-                tr.sampling,
-                seed=tr.cfg.seed,
-                root=tr.cfg.data_root,
-                progress=tr.progress,
-            )
+        metric, lower = self.best_metric  # chosen once, when the run was set up
+        metrics = self.actions.score()
         if metric not in metrics:
             raise TinyDiTError(
                 f"`best_metric` {metric!r} is not among the evaluation's metrics ({', '.join(sorted(metrics))})"
             )
-        value = metrics[metric]
+        value, step = metrics[metric], self.run.step
         best = self.best is None or (value < self.best["value"] if lower else value > self.best["value"])
         if best:
-            self.best = {"metric": metric, "value": value, "step": tr.run.step}
-            tr.checkpoint().save(tr.out / "best.pt")
+            self.best = {"metric": metric, "value": value, "step": step}
+            self.actions.save("best.pt")
         seconds = Clock.now() - t0
-        tr.log.record(
-            {
-                "step": tr.run.step,
-                **{f"eval/{k}": v for k, v in metrics.items()},
-                "eval_seconds": seconds,
-                "best_metric": metric,
-                "eval_best": best,
-            }
-        )
+        evaluation = {f"eval/{k}": v for k, v in metrics.items()}
+        self.log.record({"step": step, **evaluation, "eval_seconds": seconds, "best_metric": metric, "eval_best": best})
         return seconds

@@ -19,9 +19,11 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from tinydit import distributed
+from tinydit.compiling import eagerly
 from tinydit.config import TrainConfig
 from tinydit.errors import TinyDiTError
 from tinydit.eval.run_report import write_run_report
+from tinydit.eval.sampling import EvalTarget, score_model
 from tinydit.files import RunDirLock, ensure_writable_dir
 from tinydit.flow.guidance import null_condition
 from tinydit.flow.meanflow import check_jvp, draw_interval
@@ -34,8 +36,8 @@ from tinydit.train import optim
 from tinydit.train.budget import Budget, Clock
 from tinydit.train.checkpoint import GracefulInterrupt, check_same_run, model_config_for
 from tinydit.train.data import BatchOrder, prepare_data
-from tinydit.train.diagnostics import validation_losses
-from tinydit.train.events import Events, best_metric
+from tinydit.train.diagnostics import sample_grid, validation_losses
+from tinydit.train.events import Actions, Events, best_metric
 from tinydit.train.log import RunLog
 from tinydit.train.objectives import OBJECTIVES, Objective, StepBatch
 from tinydit.train.repa import repa_encoder
@@ -153,7 +155,10 @@ class Trainer:
         self.batch_size = min(cfg.batch_size, n_train)
         distributed.check_split(self.batch_size, self.world.size)
         self.order = BatchOrder(n_train, self.batch_size, cfg.seed)
-        self.events = Events(self, state.best if state is not None else None)
+        actions = Actions(self._validate, self._draw_grid, self._score, self.save)
+        best = state.best if state is not None else None
+        parts = (cfg, self.run, self.log, self.world, self.budget, self.batch_size)
+        self.events = Events(*parts, actions, self.best_metric, best)
         if main:  # config.json: the resolved config and what the run runs on
             self.log.write_config(cfg, self.preset, self.data, self.model_config, self.run, self.world.size)
 
@@ -172,10 +177,12 @@ class Trainer:
             kernels={"device": self.device.type, "precision": self.precision, **self.run.kernels()},
         )
 
-    def save(self) -> Path:
-        """Write the checkpoint, unless the weights went non-finite: then the last good one is kept."""
-        self.checkpoint().save(self.ckpt_path)
-        return self.ckpt_path
+    def save(self, name: str | None = None) -> Path:
+        """Write the checkpoint (to the run directory's ``name``, default checkpoint.pt), unless the weights
+        went non-finite: then the last good one is kept."""
+        path = self.ckpt_path if name is None else self.out / name
+        self.checkpoint().save(path)
+        return path
 
     def train_step(self) -> torch.Tensor:
         """One optimizer step; returns this rank's (detached) flow-matching loss without synchronising the
@@ -217,6 +224,44 @@ class Trainer:
         val_paths = self.teacher.val_paths if self.teacher is not None else None
         return validation_losses(model, self.data, self.device, val_paths)
 
+    # What the periodic events do with the run's parts (``Events`` decides when).
+
+    def _validate(self) -> tuple[float, float, list[float]]:
+        """The raw weights' validation loss, and the EMA's, overall and per bin."""
+        with eagerly():  # the model's compiled blocks (regional compilation) run as they are
+            val = self.validation_losses(self.run.model)[0]
+            return (val, *self.validation_losses(self.run.ema))
+
+    def _draw_grid(self, step: int) -> Path:
+        """EMA samples from the same noise at every step, into samples/step_NNNNNN.png and samples.png."""
+        cfg = self.cfg
+        # what `tinydit sample --steps --cfg-scale` would draw: the record, with the flags of the run's grids
+        settings = self.sampling.with_flags(steps=cfg.sample_steps, cfg_scale=cfg.sample_cfg)
+        path = self.out / "samples" / f"step_{step:06d}.png"
+        noise = optim.step_generator(cfg.seed, 31)  # the same generator at every step: the same noise
+        files = [path, self.out / "samples.png"]
+        with autocast(self.device, self.precision):
+            sample_grid(self.run.ema_forward, self.data, self.model_config, noise, self.device, settings, files)
+        return path
+
+    @torch.no_grad()
+    def _score(self) -> dict[str, float]:
+        """``eval_n`` EMA samples, scored in the run's precision (its scores follow the run, not the machine),
+        with the sampler settings the checkpoint records."""
+        data, cfg = self.data, self.cfg
+        # what the samples are asked to be: the run's own data, not a checkpoint's record of it
+        target = EvalTarget(data.name, tuple(data.train_set.classes), data.tokenizer, cfg.held_out_phrases())
+        with autocast(self.device, self.precision):
+            return score_model(
+                self.run.ema_forward,
+                target,
+                cfg.eval_n,
+                self.sampling,
+                seed=cfg.seed,
+                root=cfg.data_root,
+                progress=self.progress,
+            )
+
     def close(self) -> None:
         """Let go of the run directory without training (``fit`` does it when it ends)."""
         self.lock.release()
@@ -239,7 +284,7 @@ class Trainer:
         log.start(cfg.steps, run.step)
         run.model.train()
         events = self.events
-        events.start(run.step)
+        events.start(clock)
         budget.start(run.step, clock())  # the time budget's rate is measured in this process, after its start-up
         with GracefulInterrupt() as interrupt:
             done = stop = False
