@@ -34,8 +34,10 @@ REPA_DEPTH = 2
 PROJECTOR_WIDTH = 256  # the projector's hidden width (REPA's is 2048 for 1152-wide tokens)
 # Kept targets are computed in batches of exactly this many images, so that one image's target does not
 # depend on which images shared its batch (a convolution library may pick another kernel for another batch
-# size): a continued run, or another rank, computes the same bits.
-TARGET_BATCH = 64
+# size): a continued run, or another rank, computes the same bits. Small, because each image is kept both
+# ways round and flipped at random: for epochs after the first, a training batch still misses a few
+# targets, and a batch padded to the training batch's size would cost as much as computing them all.
+TARGET_BATCH = 16
 # A set whose targets would take more than this (bfloat16, both ways round) computes them every step instead.
 MAX_KEPT_BYTES = 2 * 2**30
 
