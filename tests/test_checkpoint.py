@@ -38,7 +38,7 @@ def test_an_older_file_is_upgraded_where_it_is_read(tmp_path):
     # what it would record now, from the measured records
     assert SamplingSettings.from_checkpoint(ckpt) == recommended_sampling("shapes", "dit-0.2m", "class", "none")
     model, _ = load_model(ckpt)
-    assert type(model).__name__ == "DiT" and ckpt.can_continue == [] and ckpt.optimizer_fused
+    assert type(model).__name__ == "DiT" and ckpt.missing_to_continue == [] and ckpt.optimizer_fused
 
 
 def test_written_back_it_holds_the_upgrade_and_keeps_what_it_does_not_know(tmp_path):
@@ -76,4 +76,4 @@ def test_a_pretrained_folder_reads_as_a_checkpoint_that_cannot_be_continued():
     ckpt = Checkpoint.load(reference_folder("shapes"))
     assert ckpt.source.endswith("model.safetensors") and ckpt.data.name == "shapes"
     assert ckpt.sampling is not None and ckpt.weights(ema=True) is ckpt.ema
-    assert ckpt.can_continue == ["optimizer", "rng"]  # sampling's part only
+    assert ckpt.missing_to_continue == ["optimizer", "rng"]  # sampling's part only

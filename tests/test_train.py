@@ -65,7 +65,9 @@ def test_checkpoint_round_trip_and_contents(tiny_run):
     assert {"model", "ema", "optimizer", "rng", "model_config", "train_config", "data"} <= raw.keys()
     state = load_checkpoint(out / "checkpoint.pt")
     assert (
-        state.step == 8 and state.can_continue == [] and state.data.classes == ("circle", "square", "triangle", "cross")
+        state.step == 8
+        and state.missing_to_continue == []
+        and state.data.classes == ("circle", "square", "triangle", "cross")
     )
     assert state.config.to_dict() == raw["model_config"] and state.train().preset == "dit-0.2m"
     model, _ = load_model(state, ema=True)

@@ -200,7 +200,7 @@ class Checkpoint:
         return TrainConfig.from_dict(self.train_config)
 
     @property
-    def can_continue(self) -> list[str]:
+    def missing_to_continue(self) -> list[str]:
         """What continuing the run would need and the file lacks (empty: it can be continued)."""
         return [k for k in TRAINING_STATE if getattr(self, k) is None]
 

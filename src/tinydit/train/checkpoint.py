@@ -32,7 +32,7 @@ def check_same_run(cfg: TrainConfig, ckpt: Checkpoint, out: Path, preset: str | 
     """Refuse to continue the run in ``ckpt`` with settings that change what it computes, or a checkpoint
     that lacks what a continuation needs. ``preset``: the run's, where it is not ``cfg``'s (a student's is
     its teacher's)."""
-    missing = ckpt.can_continue
+    missing = ckpt.missing_to_continue
     if missing:
         raise TinyDiTError(
             f"{out / 'checkpoint.pt'} lacks {', '.join(missing)}, so the run cannot be continued; "
