@@ -169,6 +169,20 @@ def test_a_meanflow_run_resumes_exactly_and_samples_in_one_step_by_default(meanf
     assert losses and all(0 < v < 10 for v in losses)  # flow matching's squared error, not the adaptive ~1
 
 
+def test_a_meanflow_run_can_align_its_trained_forward_to_the_encoder(tmp_path):
+    """The JVP's forward runs first and the trained forward last, so the tokens the alignment reads are the
+    trained forward's: the loss is finite and the projector learns."""
+    trainer = Trainer(fast_config(tmp_path, **{**KW, "repa": 0.5}), progress=False)
+    before = [p.detach().clone() for p in trainer.run.alignment.projector.parameters()]
+    trainer.fit()
+    after = list(trainer.run.alignment.projector.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    aligned = [m["repa_loss"] for m in metrics if "repa_loss" in m]
+    assert aligned and all(-1 <= v <= 1 for v in aligned)  # a negative cosine similarity
+    assert load_checkpoint(tmp_path / "checkpoint.pt").repa_projector is not None
+
+
 def test_a_one_step_model_samples_the_same_in_onnx(meanflow_run, tmp_path):
     pytest.importorskip("onnxruntime", reason="the export extra: pip install 'tinydit[export]'")
     from tinydit.export import export
@@ -192,7 +206,7 @@ def test_a_one_step_model_samples_the_same_in_onnx(meanflow_run, tmp_path):
 @pytest.mark.parametrize(
     "flags, says",
     [
-        (["--few-step", "meanflow", "--repa", "0.5"], "repa"),
+        (["--few-step", "shortcut", "--repa", "0.5"], "repa"),
         (["--meanflow-cfg", "2"], "--meanflow-cfg"),
         (["--few-step", "meanflow", "--meanflow-cfg", "0.5"], "--meanflow-cfg"),
         (["--few-step", "meanflow", "--teacher", "x.pt"], "teacher"),

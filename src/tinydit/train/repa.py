@@ -56,8 +56,8 @@ def check_repa(repa: float, data: str, few_step: str, depth: int) -> None:
             f"`repa` needs a shipped encoder for the data set; there is one for {', '.join(REPA_ENCODERS)}, "
             f"not for {data}: set `repa` 0"
         )
-    if few_step != "none":
-        raise TinyDiTError("`repa` works with `few_step` none; set `repa` 0 for this run")
+    if few_step not in ("none", "meanflow"):
+        raise TinyDiTError("`repa` works with `few_step` none or meanflow; set `repa` 0 for this run")
     check_depth(depth)
 
 
