@@ -268,7 +268,7 @@ def record_sampling(checkpoint: str | Path, settings: SamplingSettings) -> None:
     path = Path(checkpoint)
     lock = RunDirLock(path.parent).acquire()
     try:
-        state = checkpoints.Checkpoint.load(path)
+        state = checkpoints.load_checkpoint(path)
         dataclasses.replace(state, sampling=settings.to_json()).save(path)
     finally:
         lock.release()

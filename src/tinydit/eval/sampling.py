@@ -99,8 +99,7 @@ def generate_for_eval(
     warn_if_untrained_settings(state, settings)
     trained_on = state.data.name  # canonical, as the run resolved it
     if data is not None and canonical_name(data) != trained_on:
-        where = state.source
-        raise TinyDiTError(f"{where} was trained on {trained_on}, not {data}; drop `data`")
+        raise TinyDiTError(f"{state.source} was trained on {trained_on}, not {data}; drop `data`")
     spec = spec_for(trained_on)  # an unsupported data set fails before any sampling
     target = EvalTarget.of_checkpoint(state)
     x, labels, info = sample_for_eval(model, target, n, settings, seed, progress=progress, world=world)

@@ -20,7 +20,6 @@ without Python.
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import shutil
@@ -211,11 +210,9 @@ def export(
         state = load_checkpoint(checkpoint)
         load_model(state, ema=ema)  # the weights must fit their config before anything is written
         shown = read_eval_metrics(metrics) if metrics is not None else run_metrics(checkpoint, state.step)
-        state = dataclasses.replace(
-            state, sampling=SamplingSettings.from_checkpoint(state).to_json()
-        )  # as sample would
+        record = state.to_dict() | {"sampling": SamplingSettings.from_checkpoint(state).to_json()}  # as sample would
         ema = ema and state.ema is not None
-        record, weights = state.to_dict(), state.weights(ema)
+        weights = state.weights(ema)
         return pretrained.save_pretrained(
             record, weights, out, ema=ema, dtype=DTYPES[dtype], metrics=shown, about=about
         )

@@ -109,7 +109,7 @@ class Checkpoint:
     best: dict | None = None  # {metric, value, step} of the run's best.pt
     kernels: dict | None = None
     tinydit_version: str | None = None
-    source: str | None = None
+    source: str = "the checkpoint"  # the file or folder it was read from, as errors name it
     extra: dict = field(default_factory=dict)  # keys this release does not know, written back as read
 
     # -- reading --------------------------------------------------------------------------------------------
@@ -222,11 +222,8 @@ class Checkpoint:
             if f.name in ("model_type", "config", "extra", "source", "tinydit_version"):
                 continue
             value = getattr(self, f.name)
-            if f.name == "data":
-                value = value.to_dict()
-            elif value is None and f.name not in ("best", "plan", "sampling"):
-                continue  # absent stays absent: a file never written with it reads back the same
-            out[f.name] = value
+            if value is not None:  # unset is absent: every reader takes an absent key as None
+                out[f.name] = value.to_dict() if f.name == "data" else value
         return out | self.extra
 
     def save(self, path: str | Path) -> None:
@@ -272,6 +269,6 @@ def load_model(
     ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint.load(checkpoint, map_location)
     model = build_model(ckpt.model_type, ckpt.config)
     weights = ckpt.weights(ema)
-    check_weights(model, weights, ckpt.source or "the checkpoint")
+    check_weights(model, weights, ckpt.source)
     model.load_state_dict(weights)
     return model.to(map_location).eval(), ckpt

@@ -115,7 +115,7 @@ class Events:
         self.batch_size, self.actions, self.best_metric = batch_size, actions, best_metric
         self.best = best  # {metric, value, step} of best.pt, kept here and written into every checkpoint
         self.window = Window(run.device, run.step)
-        self.clock = Clock(run.train_seconds)
+        self.clock: Clock | None = None  # the loop's, from ``start``
         self.val = self.val_ema = self.samples = None
         self.by_t: list[float] = []
 

@@ -20,7 +20,7 @@ from tinydit.flow.distill import KNOTS, distill_loss
 from tinydit.flow.generate import class_cycle
 from tinydit.flow.samplers import FIXED_STEP_SAMPLERS, sample_path
 from tinydit.flow.settings import SamplingSettings
-from tinydit.models.checkpoint import Checkpoint, load_model
+from tinydit.models.checkpoint import Checkpoint, load_checkpoint, load_model
 from tinydit.progress import Progress
 from tinydit.runtime import autocast
 
@@ -112,7 +112,7 @@ def teacher_paths(
 
 def load_teacher(path: str, model_type: str, data_name: str) -> Checkpoint:
     """The teacher's checkpoint, checked: a class-conditional ``model_type`` trained on ``data_name``."""
-    teacher = Checkpoint.load(path)
+    teacher = load_checkpoint(path)
     kind, cond = teacher.model_type, teacher.config.cond
     if kind != model_type or cond != "class":
         raise TinyDiTError(

@@ -29,7 +29,7 @@ from tinydit.flow.guidance import null_condition
 from tinydit.flow.meanflow import check_jvp, draw_interval
 from tinydit.flow.path import sample_t
 from tinydit.flow.settings import SamplingSettings, recommended_sampling
-from tinydit.models.checkpoint import Checkpoint, unwrap
+from tinydit.models.checkpoint import Checkpoint, load_checkpoint, unwrap
 from tinydit.models.registry import build_model
 from tinydit.runtime import autocast, resolve_device, resolve_precision
 from tinydit.train import optim
@@ -106,7 +106,7 @@ class Trainer:
         self.preset = self.teacher.preset if self.teacher is not None else cfg.preset  # a student takes its teacher's
         state = None
         if self.ckpt_path.exists() and not overwrite:
-            state = Checkpoint.load(self.ckpt_path)
+            state = load_checkpoint(self.ckpt_path)
             check_same_run(cfg, state, self.out, self.preset)
         elif require_resume:
             raise TinyDiTError(f"`resume` given, but {self.ckpt_path} does not exist; drop `resume` to start a run")
