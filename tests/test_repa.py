@@ -176,6 +176,9 @@ def test_an_alignment_the_run_cannot_do_is_refused_before_anything_is_written(tm
         (dict(data="shapes", model="mmdit", preset="mmdit-0.2m"), 0.0),  # one joint block: too shallow
         (dict(data="fashion-mnist", model="mmdit", cond="text"), 0.0),
         (dict(data="shapes", few_step="shortcut"), 0.0),
+        (dict(data="shapes", few_step="meanflow"), 0.5),  # mean flows align too, and may be told not to
+        (dict(data="shapes", few_step="meanflow", repa=0.0), 0.0),
+        (dict(data="fashion-mnist", few_step="meanflow"), 0.0),
     ],
 )
 def test_the_alignment_is_on_by_default_where_it_was_measured_and_off_elsewhere(given, expected):

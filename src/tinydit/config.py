@@ -128,7 +128,8 @@ class TrainConfig:
     class_dropout: float = 0.1  # probability of the null label (text: the empty caption), for guidance
     # Weight of REPA's representation alignment (tinydit.train.repa): the tokens after the second block are
     # pulled towards a shipped encoder's features of the clean image (shapes, fashion-mnist). 0: off. None: 0.5 for
-    # shapes class DiTs and shapes MMDiTs, whose crosses it lets the model learn, else 0 (tinydit.train.resolve).
+    # shapes class DiTs and shapes MMDiTs (flow matching or mean flows), whose crosses it lets the model learn,
+    # else 0 (tinydit.train.resolve).
     repa: float | None = None
     # none | shortcut: also train the model to take large steps (tinydit.flow.shortcut) | meanflow: learn the
     # average velocity over intervals, to sample in one step (tinydit.flow.meanflow) | distill: train a

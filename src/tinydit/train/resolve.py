@@ -39,6 +39,7 @@ __all__ = [
     "DEFAULT_LRS",
     "DEFAULT_REPA",
     "ALIGNED_BY_DEFAULT",
+    "ALIGNED_OBJECTIVES",
 ]
 
 # Caption combinations a shapes text run never sees unless told otherwise (`holdout`): prompt adherence
@@ -65,6 +66,9 @@ DEFAULT_REPA = {"shapes": 0.5}
 # captions name the kind of shape the same encoder's features lay out. The pooled-text DiT was not measured
 # with it.
 ALIGNED_BY_DEFAULT = {("dit", "class"), ("mmdit", "text")}
+# ... and the objectives that take it by default: flow matching, and mean flows, whose one-step samples the
+# alignment made better on shapes at 5 and 15 minutes (docs/few_step.md). Shortcut models and students refuse it.
+ALIGNED_OBJECTIVES = ("none", "meanflow")
 # The guidance a mean-flow run folds into its target when `meanflow_cfg` is not given (docs/few_step.md
 # measures it): a one-step sampler cannot guide afterwards, so the guided field is what it learns.
 MEANFLOW_CFG = 2.0
@@ -118,7 +122,7 @@ def resolve(cfg: TrainConfig, dataset: Dataset | None = None) -> TrainConfig:
     repa = cfg.repa  # the alignment's encoder must know the data the run really trains on
     depth = MODEL_PRESETS[cfg.model][preset]["depth"]  # the smoke-test presets are too shallow to align
     if repa is None:
-        aligned = (cfg.model, cond) in ALIGNED_BY_DEFAULT and cfg.few_step == "none" and depth >= REPA_DEPTH
+        aligned = (cfg.model, cond) in ALIGNED_BY_DEFAULT and cfg.few_step in ALIGNED_OBJECTIVES and depth >= REPA_DEPTH
         repa = DEFAULT_REPA.get(trained_on, 0.0) if aligned else 0.0
     check_repa(repa, trained_on, cfg.few_step, depth)
     return replace(
