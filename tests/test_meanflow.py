@@ -92,6 +92,21 @@ def test_the_target_subtracts_the_interval_times_the_derivative_and_folds_guidan
     torch.testing.assert_close(folded[3], target[3])  # a dropped label learns the unguided field
 
 
+def test_the_predicted_tangent_follows_the_models_own_instantaneous_velocity():
+    torch.manual_seed(0)
+    model = _moved(DiT(CFG))
+    z, v = torch.randn(2, 3, 32, 32), torch.randn(2, 3, 32, 32)
+    t, r, y = torch.tensor([0.8, 0.5]), torch.tensor([0.2, 0.5]), torch.tensor([1, 2])
+    target = meanflow_target(model, z, r, t, y, v, tangent="predicted")
+    with torch.no_grad():
+        along = model(z[:1], t[:1], y[:1], torch.zeros(1))  # u(z, t, t | y)
+    _, du_dt = jvp_du_dt(model, z[:1], r[:1], t[:1], y[:1], along)
+    torch.testing.assert_close(target[:1], v[:1] - 0.6 * du_dt)
+    assert torch.equal(target[1], v[1]) and not torch.allclose(target[0], meanflow_target(model, z, r, t, y, v)[0])
+    with pytest.raises(Exception, match="unknown mean-flow tangent 'noise'"):
+        meanflow_target(model, z, r, t, y, v, tangent="noise")
+
+
 def test_intervals_take_the_two_times_in_order_for_a_share_of_the_batch():
     g = torch.Generator().manual_seed(0)
     t, s = torch.rand(4000, generator=g), torch.rand(4000, generator=g)

@@ -52,6 +52,7 @@ __all__ = [
     "R_NEQ_T",
     "ADAPTIVE_C",
     "TIME_SCALE",
+    "TANGENTS",
     "FoldedGuidance",
     "draw_interval",
     "jvp_du_dt",
@@ -66,6 +67,10 @@ ADAPTIVE_C = 1e-3  # the adaptive weight 1 / (error + c) (paper, eq. 22 with p =
 # holds du/dt, and features of 1000 t turn so fast that the network's derivative in t, not the flow's, makes
 # up nearly all of it (docs/few_step.md shows the measurement).
 TIME_SCALE = 30.0
+# What the target's derivative follows: the pair's velocity noise - x0 (the paper, and the trainer), or the
+# model's own instantaneous velocity (improved mean flows, Geng et al. 2025b; experiments/meanflow_levers.py
+# measured it, docs/few_step.md).
+TANGENTS = ("conditional", "predicted")
 
 
 def draw_interval(
@@ -139,11 +144,16 @@ def meanflow_target(
     y: torch.Tensor,
     v: torch.Tensor,
     guidance: FoldedGuidance | None = None,
+    tangent: str = "conditional",
 ) -> torch.Tensor:
     """The detached regression target u_tgt = v~ - (t - r) d/dt u_theta(z, r, t | y) (N, C, H, W).
 
     ``v`` (N, C, H, W): the path's velocity, noise - x0; v~ is v, or its guided form (``FoldedGuidance``).
+    ``tangent``: the direction the derivative follows, the pair's velocity v~ ("conditional", the paper) or
+    the model's own instantaneous velocity u_theta(z, t, t | y) ("predicted", improved mean flows).
     ``model``: the plain module (not DDP), which this calls without gradients."""
+    if tangent not in TANGENTS:
+        raise TinyDiTError(f"unknown mean-flow tangent {tangent!r}: use one of {', '.join(TANGENTS)}")
     with torch.no_grad():
         v = v.float()
         if guidance is not None and guidance.scale != 1.0:
@@ -154,7 +164,13 @@ def meanflow_target(
         target = v.clone()
         rows = (r < t).nonzero().flatten()  # (k,): only intervals need the derivative
         if len(rows):
-            _, du_dt = jvp_du_dt(model, z[rows], r[rows], t[rows], y[rows], v[rows].to(z.dtype))
+            zk, tk, yk = z[rows], t[rows], y[rows]
+            if tangent == "predicted":
+                with _tangent_kernels():
+                    along = model(zk, tk, yk, torch.zeros_like(tk))  # (k, C, H, W): d = 0
+            else:
+                along = v[rows].to(z.dtype)
+            _, du_dt = jvp_du_dt(model, zk, r[rows], tk, yk, along.to(z.dtype))
             gap = (t[rows] - r[rows]).view(-1, 1, 1, 1)  # (k, 1, 1, 1)
             target[rows] = v[rows] - gap * du_dt.float()
     return target
@@ -169,6 +185,7 @@ def meanflow_loss(
     t: torch.Tensor,
     noise: torch.Tensor,
     guidance: FoldedGuidance | None = None,
+    tangent: str = "conditional",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The mean-flow loss of a batch: ``forward`` (the trained callable: compiled, DDP) predicts
     u(z_t, r, t | y); ``model`` (the same weights, a plain module) computes the detached target.
@@ -176,7 +193,7 @@ def meanflow_loss(
     Returns (weighted, error), (N,) each: the adaptively weighted per-image loss to minimise, and the plain
     mean squared error, which is the flow-matching loss where r = t (what logs and bins report)."""
     z = interpolate(x0, noise, t)  # (N, C, H, W)
-    target = meanflow_target(model, z, r, t, y, velocity_target(x0, noise), guidance)
+    target = meanflow_target(model, z, r, t, y, velocity_target(x0, noise), guidance, tangent)
     u = forward(z, t, y, t - r)  # (N, C, H, W)
     error = (u.float() - target).pow(2).flatten(1).mean(1)  # (N,)
     weighted = error / (error.detach() + ADAPTIVE_C)  # (N,)
