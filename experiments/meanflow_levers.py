@@ -35,6 +35,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from shapes_levers import parse_value  # noqa: E402
 
+from tinydit.flow.meanflow import TANGENTS  # noqa: E402
+
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -43,7 +45,7 @@ def main() -> None:
     p.add_argument("--minutes", type=float, default=5.0)
     p.add_argument("--data", default="shapes")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="a TrainConfig field")
-    p.add_argument("--tangent", choices=("conditional", "predicted"), default="conditional")
+    p.add_argument("--tangent", choices=TANGENTS, default="conditional")
     p.add_argument("--interval", choices=("paper", "below"), default="paper")
     p.add_argument("--flow-first-steps", type=int, default=0, metavar="N")
     p.add_argument("--flow-first-share", type=float, default=0.0, metavar="F")
@@ -71,13 +73,14 @@ def main() -> None:
 
         trainer_module.draw_interval = below  # the trainer draws the batch's intervals through this name
 
-    first = {"steps": args.flow_first_steps}  # the first step on intervals; by time: fixed when the share passes
+    # The first step on intervals: given, or (by time) None until the share of the budget has passed.
+    start = {"step": None if args.flow_first_share else args.flow_first_steps}
 
     def flow_first(step: int) -> bool:
-        if args.flow_first_share and step > 0 and run.clock() >= args.flow_first_share * args.minutes * 60:
+        if start["step"] is None and step > 0 and run.clock() >= args.flow_first_share * args.minutes * 60:
+            start["step"] = step
             print(f"intervals from step {step}", file=sys.stderr, flush=True)
-            args.flow_first_share, first["steps"] = 0.0, step
-        return step < first["steps"] or args.flow_first_share > 0
+        return start["step"] is None or step < start["step"]
 
     def objective(forward, model, b):
         """The trainer's mean-flow objective with the tangent chosen, and flow matching first where asked."""

@@ -169,7 +169,7 @@ def meanflow_target(
                 with _tangent_kernels():
                     along = model(zk, tk, yk, torch.zeros_like(tk))  # (k, C, H, W): d = 0
             else:
-                along = v[rows].to(z.dtype)
+                along = v[rows]
             _, du_dt = jvp_du_dt(model, zk, r[rows], tk, yk, along.to(z.dtype))
             gap = (t[rows] - r[rows]).view(-1, 1, 1, 1)  # (k, 1, 1, 1)
             target[rows] = v[rows] - gap * du_dt.float()

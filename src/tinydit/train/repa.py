@@ -24,7 +24,15 @@ from torch import nn
 from tinydit.errors import TinyDiTError
 from tinydit.eval.features import load_feature_net
 
-__all__ = ["REPA_ENCODERS", "REPA_DEPTH", "Alignment", "TargetCache", "check_repa", "repa_encoder"]
+__all__ = [
+    "REPA_ENCODERS",
+    "REPA_DEPTH",
+    "ALIGNED_OBJECTIVES",
+    "Alignment",
+    "TargetCache",
+    "check_repa",
+    "repa_encoder",
+]
 
 # data set -> the shipped encoder whose features the tokens are aligned to
 # (scripts/train_feature_net.py --name, recorded in assets/feature_nets.json)
@@ -38,6 +46,9 @@ PROJECTOR_WIDTH = 256  # the projector's hidden width (REPA's is 2048 for 1152-w
 # ways round and flipped at random: for epochs after the first, a training batch still misses a few
 # targets, and a batch padded to the training batch's size would cost as much as computing them all.
 TARGET_BATCH = 16
+# The objectives (``few_step``) that take the alignment; on shapes their runs align by default
+# (tinydit.train.resolve). A shortcut model and a distilled student refuse it.
+ALIGNED_OBJECTIVES = ("none", "meanflow")
 # A set whose targets would take more than this (bfloat16, both ways round) computes them every step instead.
 MAX_KEPT_BYTES = 2 * 2**30
 
@@ -56,8 +67,8 @@ def check_repa(repa: float, data: str, few_step: str, depth: int) -> None:
             f"`repa` needs a shipped encoder for the data set; there is one for {', '.join(REPA_ENCODERS)}, "
             f"not for {data}: set `repa` 0"
         )
-    if few_step not in ("none", "meanflow"):
-        raise TinyDiTError("`repa` works with `few_step` none or meanflow; set `repa` 0 for this run")
+    if few_step not in ALIGNED_OBJECTIVES:
+        raise TinyDiTError(f"`repa` works with `few_step` {' or '.join(ALIGNED_OBJECTIVES)}; set `repa` 0 for this run")
     check_depth(depth)
 
 

@@ -25,7 +25,7 @@ from tinydit.flow.path import T_SAMPLINGS
 from tinydit.flow.samplers import FIXED_STEP_SAMPLERS
 from tinydit.models.presets import MLPS, MODEL_CONDS, MODEL_PRESETS, NORMS, POSITIONS, PREDICTIONS, default_preset
 from tinydit.tokens import parse_phrases
-from tinydit.train.repa import REPA_DEPTH, check_repa
+from tinydit.train.repa import ALIGNED_OBJECTIVES, REPA_DEPTH, check_repa
 from tinydit.train.teacher import teacher_sampling
 
 __all__ = [
@@ -39,7 +39,6 @@ __all__ = [
     "DEFAULT_LRS",
     "DEFAULT_REPA",
     "ALIGNED_BY_DEFAULT",
-    "ALIGNED_OBJECTIVES",
 ]
 
 # Caption combinations a shapes text run never sees unless told otherwise (`holdout`): prompt adherence
@@ -66,9 +65,8 @@ DEFAULT_REPA = {"shapes": 0.5}
 # captions name the kind of shape the same encoder's features lay out. The pooled-text DiT was not measured
 # with it.
 ALIGNED_BY_DEFAULT = {("dit", "class"), ("mmdit", "text")}
-# ... and the objectives that take it by default: flow matching, and mean flows, whose one-step samples the
-# alignment made better on shapes at 5 and 15 minutes (docs/few_step.md). Shortcut models and students refuse it.
-ALIGNED_OBJECTIVES = ("none", "meanflow")
+# ... of the objectives that take it (tinydit.train.repa.ALIGNED_OBJECTIVES): flow matching, and mean flows,
+# whose one-step samples it made better on shapes at 5 and 15 minutes (docs/few_step.md).
 # The guidance a mean-flow run folds into its target when `meanflow_cfg` is not given (docs/few_step.md
 # measures it): a one-step sampler cannot guide afterwards, so the guided field is what it learns.
 MEANFLOW_CFG = 2.0
