@@ -227,6 +227,22 @@ def shapes_by_steps(runs: list[dict]) -> str:
     return table(["steps", "runs", "`shape_strict`", "what they draw (each kind passed at 85% or more)"], rows)
 
 
+def speeds(data: dict) -> str:
+    """Steps per second of the time-budgeted runs, by data set, hardware class, precision and compile state:
+    a budget's minutes times this rate is the step count it holds (the first minute of a compiled run from
+    an empty cache is partly spent compiling)."""
+    groups: dict[tuple, list[float]] = {}
+    for r in data["runs"]:
+        if "minutes" in r["budget"]:
+            key = (r["data"], r["class"], r["precision"], r["compile"] or "?")
+            groups.setdefault(key, []).append(r["steps"] / (60 * r["budget"]["minutes"]))
+    rows = [
+        [name, data["classes"][hardware], precision, compiled, str(len(rates)), span(rates, ".1f")]
+        for (name, hardware, precision, compiled), rates in sorted(groups.items())
+    ]
+    return table(["data", "hardware", "precision", "compile", "runs", "steps per second"], rows)
+
+
 def run_rows(runs: list[dict], score_cells) -> list[list[str]]:
     return [
         [
@@ -286,6 +302,15 @@ def page(data: dict) -> str:
             "1,000 samples each, at the sampler settings its checkpoint records:",
             "",
             shapes_by_steps(scored),
+            "",
+            "## Speed: steps per second by hardware",
+            "",
+            "The rate of every time-budgeted run above and below: its steps over its minutes. A run's first",
+            "seconds go to loading the data and, from an empty compile cache, to compiling; shared cloud",
+            "machines also vary from hour to hour, which the ranges show. `python benchmarks/bench_train.py`",
+            "measures the bare step on your machine ([Speed](speed.md)).",
+            "",
+            speeds(data),
             "",
             "## Shapes: every run",
             "",

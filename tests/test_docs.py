@@ -162,3 +162,39 @@ def test_a_flag_that_does_not_exist_fails():
     assert parse_error(["sample", "--pretrained", "shapes", "--no-such-flag"]) is not None
     assert parse_error(["train", "--minutes", "five"]) is not None
     assert parse_error(["sample", "--pretrained", "shapes", "--out", "a.png"]) is None
+
+
+def prose(text: str) -> str:
+    """A page without its fenced blocks and HTML comments: what a reader reads as text."""
+    return re.sub(r"<!--.*?-->", "", re.sub(r"^```.*?^```", "", text, flags=re.S | re.M), flags=re.S)
+
+
+def words_and_rows(text: str) -> tuple[int, int]:
+    """The words outside code blocks, and the table rows (header and rule lines not counted)."""
+    outside = prose(text)
+    words = len(re.findall(r"[A-Za-z0-9][\w'.,/-]*", outside))
+    rows = [line for line in outside.splitlines() if line.startswith("|")]
+    rules = [line for line in rows if re.fullmatch(r"\|[\s:|-]+\|?", line)]
+    return words, len(rows) - 2 * len(rules)
+
+
+def test_the_readme_reads_in_two_minutes():
+    """At most 1,000 words outside code blocks and 10 table rows: measurements go to the record."""
+    words, rows = words_and_rows((ROOT / "README.md").read_text())
+    assert words <= 1000 and rows <= 10, f"README.md: {words} words, {rows} table rows"
+
+
+def test_words_and_rows_are_counted_outside_code():
+    text = "one two\n```bash\nthree four five\n```\n| a | b |\n|---|---|\n| 1 | 2 |\n| 3 | 4 |\n<!-- six -->"
+    assert words_and_rows(text) == (8, 2)
+
+
+def test_every_link_of_the_readme_reaches_a_file_of_the_repository():
+    """The README is read on the repository's host, where a relative link is a path from the root (the guide's
+    copy, docs/index.md, is checked with its anchors by `mkdocs build --strict`)."""
+    text = prose((ROOT / "README.md").read_text())
+    targets = [m[1].split("#")[0] for m in re.finditer(r"\]\(([^)\s]+)\)", text)]
+    local = [t for t in targets if t and not re.match(r"[a-z]+:", t)]
+    assert local, "the README links nothing"
+    missing = [t for t in local if not (ROOT / t).exists()]
+    assert not missing, f"README.md links files that do not exist: {missing}"
