@@ -1,11 +1,18 @@
-"""Every example script runs and does what it says (each exits non-zero when its own check fails)."""
+"""Every example script runs and does what it says (each exits non-zero when its own check fails), and the
+quick-start notebook runs from the checkout with a budget of a few steps."""
 
+import ast
+import base64
 import re
 from pathlib import Path
 
+import nbclient
+import nbformat
 import pytest
 from conftest import run_script
 from PIL import Image
+
+from tinydit.runtime import get_device
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 ARGS = {
@@ -15,6 +22,8 @@ ARGS = {
     "04_training_loop_checkpoint.py": ["--steps", "60", "--out", "{out}"],
     "05_flow_matching_2d.py": ["--steps", "1500"],
 }
+# The quick-start notebook's parameters cell, replaced: a few steps and samples, the run in the test's folder.
+QUICK = {"MINUTES": "None", "STEPS": "4", "SAMPLES": "8", "RUN_DIR": "Path({run!r})"}
 
 
 def test_every_example_is_covered():
@@ -54,9 +63,52 @@ def test_example_runs(name, tmp_path, monkeypatch, capsys):
         assert abs(radius - 1.0) < 0.15 and "50 model evaluations" in out
 
 
-def _grid_of(path: Path, n: int, size: int = 32, pad: int = 2) -> bool:
-    """Whether ``path`` is a readable grid image of n tiles of ``size`` px (8 per row, ``make_grid``'s layout)."""
-    cols = min(8, n)
+def test_quickstart_is_committed_clean_and_clones_the_projects_repository():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    nb = _notebook()
+    assert all(not c.get("outputs") and c.get("execution_count") is None for c in nb.cells if c.cell_type == "code")
+    with open(EXAMPLES.parent / "pyproject.toml", "rb") as f:
+        repository = tomllib.load(f)["project"]["urls"]["Repository"]
+    first = next(c for c in nb.cells if c.cell_type == "code")
+    assert re.search(r'^REPO_URL = "(.*)"', first.source, re.M).group(1) == repository
+    params = _parameters_cell(nb)  # the test replaces every parameter, and only those
+    assert {t.id for node in ast.parse(params.source).body for t in node.targets} == set(QUICK)
+
+
+def test_quickstart_notebook_runs(tmp_path):
+    nb = _notebook()
+    run = tmp_path / "run"
+    _parameters_cell(nb).source = "\n".join(f"{k} = {v.format(run=str(run))}" for k, v in QUICK.items())
+    # From examples/, as a notebook opened in the checkout runs: its first cell finds the checkout and clones nothing.
+    resources = {"metadata": {"path": str(EXAMPLES)}}
+    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", resources=resources).execute()
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+    assert f"TinyDiT from {EXAMPLES.parent}" in text and f"device: {get_device()}" in text
+    assert "4 steps in" in text and (run / "checkpoint.pt").is_file()
+    pngs = [base64.b64decode(o.data["image/png"]) for o in outputs if "image/png" in o.get("data", {})]
+    assert pngs == [(run / "grid.png").read_bytes()] and _grid_of(run / "grid.png", 8, cols=4)  # a column per class
+    pages = [o.data["text/html"] for o in outputs if "text/html" in o.get("data", {})]
+    last_grid = base64.b64encode((run / "samples" / "step_000004.png").read_bytes()).decode("ascii")
+    assert any(last_grid in p for p in pages)  # the run's sample grids
+    report = base64.b64encode((run / "report.html").read_bytes()).decode("ascii")  # whole, in the notebook's frame
+    assert any(report in p for p in pages)
+
+
+def _notebook():
+    return nbformat.read(EXAMPLES / "quickstart.ipynb", as_version=4)
+
+
+def _parameters_cell(nb):
+    (cell,) = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    return cell
+
+
+def _grid_of(path: Path, n: int, size: int = 32, pad: int = 2, cols: int = 8) -> bool:
+    """Whether ``path`` is a readable grid image of n tiles of ``size`` px, ``cols`` per row (``make_grid``'s
+    layout)."""
+    cols = min(cols, n)
     rows = -(-n // cols)
     with Image.open(path) as img:
         return img.size == (cols * (size + pad) + pad, rows * (size + pad) + pad)
