@@ -32,6 +32,20 @@ def test_auto_picks_bf16_only_where_a_bf16_matmul_is_measured_faster_and_fp16_ne
         resolve_precision("fp16", CPU)
 
 
+def test_auto_takes_bf16_on_a_gpu_only_where_it_is_native_not_emulated(monkeypatch):
+    """A T4 (a free hosted notebook's GPU) emulates bf16, which torch.cuda.is_bf16_supported() counts."""
+    asked = []
+
+    def is_bf16_supported(including_emulation=True):
+        asked.append(including_emulation)
+        return including_emulation  # an emulating GPU: supported only when emulation counts
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
+    assert resolve_precision("auto", torch.device("cuda")) == "fp32" and asked == [False]
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    assert resolve_precision("auto", torch.device("cuda")) == "bf16"
+
+
 def test_auto_compiles_a_cpu_run_only_for_a_long_enough_budget_and_with_a_compiler(monkeypatch):
     import tinydit.runtime as runtime
 

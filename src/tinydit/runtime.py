@@ -162,11 +162,20 @@ def cpu_bf16_is_faster() -> bool:
     return rates[torch.bfloat16] >= BF16_MARGIN * rates[torch.float32]
 
 
+def cuda_bf16_is_native() -> bool:
+    """Whether the GPU computes in bf16 itself (Ampere and newer). Older GPUs (a T4, a V100) only emulate it,
+    far slower than fp32, though ``torch.cuda.is_bf16_supported()`` counts emulation as support."""
+    try:
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    except TypeError:  # a torch that predates the argument counts native support only
+        return torch.cuda.is_bf16_supported()
+
+
 def resolve_precision(name: str, device: torch.device) -> str:
     """'auto' becomes the fastest precision measured on this kind of device; others are checked."""
     if name == "auto":
         if device.type == "cuda":
-            return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+            return "bf16" if cuda_bf16_is_native() else "fp32"
         if device.type == "cpu" and cpu_bf16_is_faster():
             return "bf16"
         return "fp32"
