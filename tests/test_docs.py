@@ -198,3 +198,11 @@ def test_every_link_of_the_readme_reaches_a_file_of_the_repository():
     assert local, "the README links nothing"
     missing = [t for t in local if not (ROOT / t).exists()]
     assert not missing, f"README.md links files that do not exist: {missing}"
+
+
+def test_the_pages_clone_the_repository_pyproject_names():
+    """The clone URL is one setting, [project.urls] Repository; the pages that clone use it."""
+    home = re.search(r'^Repository = "(.+)"$', (ROOT / "pyproject.toml").read_text(), re.M)[1]
+    for page in ("README.md", "docs/install.md"):
+        clones = re.findall(r"git clone (\S+)", (ROOT / page).read_text())
+        assert clones and set(clones) == {home}, f"{page} clones {clones}, pyproject names {home}"
