@@ -66,7 +66,7 @@ DEFAULT_REPA = {"shapes": 0.5}
 # with it.
 ALIGNED_BY_DEFAULT = {("dit", "class"), ("mmdit", "text")}
 # ... of the objectives that take it (tinydit.train.repa.ALIGNED_OBJECTIVES): flow matching, and mean flows,
-# whose one-step samples it made better on shapes at 5 and 15 minutes (docs/few_step.md).
+# whose one-step samples it made better on shapes at 5 and 15 minutes (docs/notes/few_step.md).
 # The guidance a mean-flow run folds into its target when `meanflow_cfg` is not given (docs/few_step.md
 # measures it): a one-step sampler cannot guide afterwards, so the guided field is what it learns.
 MEANFLOW_CFG = 2.0
