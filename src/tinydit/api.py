@@ -49,6 +49,7 @@ from tinydit.models.registry import preset_rows
 from tinydit.runtime import autocast, maybe_compile, resolve_compile, resolve_device, resolve_precision
 from tinydit.train import Trainer, TrainResult
 from tinydit.train.resolve import CHOICES as TRAIN_CHOICES
+from tinydit.train.resolve import RESOLVED_DEFAULTS as TRAIN_DEFAULTS
 
 __all__ = [
     "train",
@@ -64,6 +65,7 @@ __all__ = [
     "resolve_prompts",
     "sweep_rows",
     "TRAIN_CHOICES",
+    "TRAIN_DEFAULTS",
     "SAMPLER_NAMES",
     "GRID_NAMES",
 ]
