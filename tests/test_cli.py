@@ -35,6 +35,7 @@ def test_train_then_sample_every_output_kind(tmp_path, capsys):
     code, err = run(["sample", "--checkpoint", ckpt, "--n", 6, "--steps", 2, "--out", tmp_path / "g.png"], capsys)
     assert code == 0, err
     assert "4 model evaluations per image" in err  # 2 steps x (conditional + unconditional)
+    assert re.search(r" s on (cpu|cuda|mps)", err)  # the device `--device auto` chose
     assert Image.open(tmp_path / "g.png").size == (4 * 34 + 2, 2 * 34 + 2)  # one column per class
 
     code, err = run(

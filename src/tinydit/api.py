@@ -108,6 +108,7 @@ class Samples:
     seconds: float  # wall time of the sampling
     path: Path | None  # where they were written, if ``out`` was given
     settings: SamplingSettings | None = None  # the sampler settings used; ``settings.note`` says why those
+    device: torch.device | None = None  # where they were drawn (what `device` auto chose, where it was auto)
 
 
 def sampling_note(checkpoint: str | Path) -> str:
@@ -164,7 +165,7 @@ def sample(
     x = res.x.float()
     if out is not None:
         write_samples(x, labels, out, names, nrow=nrow)
-    return Samples(x, labels, names, res.nfe, time.perf_counter() - started, out, settings)
+    return Samples(x, labels, names, res.nfe, time.perf_counter() - started, out, settings, device)
 
 
 def evaluate(

@@ -206,7 +206,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     res = _call(api.sample, args, progress=True)
     if distributed.rank():  # rank 0 alone reports
         return 0
-    cost = f"{res.settings.sampler}, {res.nfe:g} model evaluations per image, {res.seconds:.1f} s"
+    cost = f"{res.settings.sampler}, {res.nfe:g} model evaluations per image, {res.seconds:.1f} s on {res.device}"
     print(f"{res.settings.note}\nwrote {len(res.x)} samples to {res.path} ({cost})", file=sys.stderr)
     return 0
 
