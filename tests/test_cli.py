@@ -1,4 +1,6 @@
+import argparse
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -9,7 +11,7 @@ import torch
 from PIL import Image
 
 from tinydit import flags
-from tinydit.cli import main
+from tinydit.cli import build_parser, main
 
 FAST_TRAIN = (
     "--preset dit-0.2m --batch-size 16 --limit 64 --log-every 2 --val-every 3 --sample-every 3 "
@@ -33,6 +35,7 @@ def test_train_then_sample_every_output_kind(tmp_path, capsys):
     code, err = run(["sample", "--checkpoint", ckpt, "--n", 6, "--steps", 2, "--out", tmp_path / "g.png"], capsys)
     assert code == 0, err
     assert "4 model evaluations per image" in err  # 2 steps x (conditional + unconditional)
+    assert re.search(r" s on (cpu|cuda|mps)", err)  # the device `--device auto` chose
     assert Image.open(tmp_path / "g.png").size == (4 * 34 + 2, 2 * 34 + 2)  # one column per class
 
     code, err = run(
@@ -219,3 +222,44 @@ def test_console_script_and_module_entry_point():
     assert not imported & {"matplotlib", "tensorboard", "onnx", "onnxruntime", "onnxscript", "torchvision"}, imported
     res = subprocess.run(["tinydit", "sample", "--checkpoint", "nope.pt"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "does not exist" in res.stderr
+
+
+TRAIN_GROUPS = ["data", "model", "objective", "optimisation", "budget", "device", "output", "evaluation"]
+# Words of experiment history, which a flag's help must not carry: it says what the flag does and its default.
+HISTORY = re.compile(
+    r"raised|measured|session|aimed|fast hour|slow hour|experiment|\d\s*%|percent"
+    r"|\b(19\d\d|20[1-9]\d)\b"  # a year
+    r"|\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b",  # a commit hash
+    re.IGNORECASE,
+)
+
+
+def _train_parser() -> argparse.ArgumentParser:
+    parser = build_parser()
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["train"]
+
+
+def test_train_help_puts_every_flag_in_one_of_its_groups_in_order():
+    train = _train_parser()
+    groups = [g for g in train._action_groups if g not in (train._positionals, train._optionals)]
+    assert [g.title for g in groups] == TRAIN_GROUPS
+    grouped = [a.dest for g in groups for a in g._group_actions]
+    options = [a.dest for a in train._actions if a.option_strings and a.dest != "help"]
+    assert sorted(grouped) == sorted(options)  # every flag in a group, and in one only
+    assert [a.dest for a in train._optionals._group_actions] == ["help"]
+
+
+def test_train_help_says_each_default_and_no_experiment_history():
+    train = _train_parser()
+    formatter = train._get_formatter()
+    for action in train._actions:
+        if action.dest == "help":
+            continue
+        help_ = formatter._get_help_string(action) % vars(action)
+        assert "(default: " in help_ and "(default: None)" not in help_, (action.option_strings, help_)
+        assert not HISTORY.search(help_), (action.option_strings, help_)
+    text = train.format_help()
+    assert not HISTORY.search(text), HISTORY.search(text)
+    # the words of the pattern do catch what the help once said
+    assert HISTORY.search("logit-normal for text runs (it raised MMDiT's all-attribute accuracy on shapes)")
+    assert HISTORY.search("a 2026-12-03 run") and HISTORY.search("fixed in 62bc02f")

@@ -134,7 +134,7 @@ def test_a_second_trainer_on_a_run_directory_is_refused_naming_the_first(tmp_pat
     try:
         deadline = time.time() + 120
         while time.time() < deadline:
-            if (run / ".lock").is_file() and (run / ".lock").read_text().strip() == str(first.pid):
+            if (run / ".lock.pid").is_file() and (run / ".lock.pid").read_text().strip() == str(first.pid):
                 break
             time.sleep(0.2)
         else:
@@ -146,6 +146,45 @@ def test_a_second_trainer_on_a_run_directory_is_refused_naming_the_first(tmp_pat
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=60)
     RunDirLock(run).acquire().release()  # killed: the OS let go of its lock, no stale lock is left
+
+
+# Two holders of one run directory's lock in a Python without fcntl (as on Windows), where the lock was once
+# skipped: the second is refused, naming the first.
+WITHOUT_FCNTL = """
+import os
+import sys
+sys.modules["fcntl"] = None  # import fcntl now fails, as on Windows
+from pathlib import Path
+from tinydit.errors import TinyDiTError
+from tinydit.files import RunDirLock
+run = Path(sys.argv[1])
+first = RunDirLock(run).acquire()
+try:
+    RunDirLock(run).acquire()
+except TinyDiTError as err:
+    print(os.getpid())
+    print(err)
+"""
+
+
+def test_two_holders_never_hold_one_run_directory_with_or_without_fcntl(tmp_path):
+    first = RunDirLock(tmp_path).acquire()
+    with pytest.raises(TinyDiTError, match=f"is being trained by process {os.getpid()}"):
+        RunDirLock(tmp_path).acquire()
+    assert first.acquire() is first  # taken again: still one hold, which one release lets go of
+    first.release()
+    RunDirLock(tmp_path).acquire().release()
+    # A folder of its own: without fcntl on Linux, filelock falls back to a lock file whose presence is the lock
+    # (Windows has its own OS lock), and the one above stays in place after its release.
+    run = tmp_path / "without-fcntl"
+    run.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", WITHOUT_FCNTL, str(run)], env=ENV, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    pid, message = done.stdout.splitlines()
+    expected = f"{run} is being trained by process {pid}; wait for it to finish (or stop it), or choose another `out`"
+    assert message == expected
 
 
 def test_sixteen_bit_alpha_and_palette_images_train_as_their_pixels(tmp_path):

@@ -1,5 +1,9 @@
 """Precision and compilation: what each mode promises, checked on the CPU."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from conftest import fast_config
@@ -122,3 +126,32 @@ def test_architecture_switches_reach_the_model(tmp_path):
     trainer.fit()
     model, _ = load_model(tmp_path / "checkpoint.pt")
     assert model.config == cfg and isinstance(model.config, DiTConfig)
+
+
+MPS_FALLBACK = "PYTORCH_ENABLE_MPS_FALLBACK"
+# A fresh Python that reports the variable as torch starts to load (a finder sees the import before it
+# happens) and after importing tinydit.
+WATCH_TORCH = """
+import os
+import sys
+
+
+class Watch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            print("as torch loads:", os.environ.get("PYTORCH_ENABLE_MPS_FALLBACK"))
+            sys.meta_path.remove(self)
+
+
+sys.meta_path.insert(0, Watch())
+import tinydit
+print("after:", os.environ.get("PYTORCH_ENABLE_MPS_FALLBACK"))
+"""
+
+
+@pytest.mark.parametrize("given, kept", [(None, "1"), ("0", "0")])
+def test_importing_tinydit_turns_the_mps_fallback_on_before_torch_loads_unless_the_user_set_it(given, kept):
+    env = {k: v for k, v in os.environ.items() if k != MPS_FALLBACK} | ({MPS_FALLBACK: given} if given else {})
+    done = subprocess.run([sys.executable, "-c", WATCH_TORCH], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [f"as torch loads: {kept}", f"after: {kept}"]

@@ -32,8 +32,13 @@ The one legend of letters, in comments, docstrings and names (each letter has th
 
 from __future__ import annotations
 
-from tinydit.runtime import get_device
-from tinydit.version import __version__
+import os
+
+# Before torch loads, which reads it once: an operation MPS lacks then runs on the CPU with a warning, not an error.
+os.environ.setdefault("PYTORCH_ENABLE_MPS_FALLBACK", "1")
+
+from tinydit.runtime import get_device  # noqa: E402 (it imports torch: after the line above)
+from tinydit.version import __version__  # noqa: E402
 
 __all__ = ["__version__", "get_device", "from_pretrained"]
 

@@ -49,6 +49,7 @@ from tinydit.models.registry import preset_rows
 from tinydit.runtime import autocast, maybe_compile, resolve_compile, resolve_device, resolve_precision
 from tinydit.train import Trainer, TrainResult
 from tinydit.train.resolve import CHOICES as TRAIN_CHOICES
+from tinydit.train.resolve import RESOLVED_DEFAULTS as TRAIN_DEFAULTS
 
 __all__ = [
     "train",
@@ -64,6 +65,7 @@ __all__ = [
     "resolve_prompts",
     "sweep_rows",
     "TRAIN_CHOICES",
+    "TRAIN_DEFAULTS",
     "SAMPLER_NAMES",
     "GRID_NAMES",
 ]
@@ -106,6 +108,7 @@ class Samples:
     seconds: float  # wall time of the sampling
     path: Path | None  # where they were written, if ``out`` was given
     settings: SamplingSettings | None = None  # the sampler settings used; ``settings.note`` says why those
+    device: torch.device | None = None  # where they were drawn (what `device` auto chose, where it was auto)
 
 
 def sampling_note(checkpoint: str | Path) -> str:
@@ -162,7 +165,7 @@ def sample(
     x = res.x.float()
     if out is not None:
         write_samples(x, labels, out, names, nrow=nrow)
-    return Samples(x, labels, names, res.nfe, time.perf_counter() - started, out, settings)
+    return Samples(x, labels, names, res.nfe, time.perf_counter() - started, out, settings, device)
 
 
 def evaluate(

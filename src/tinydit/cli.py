@@ -31,23 +31,13 @@ from dataclasses import fields
 from tinydit import api, config, distributed
 from tinydit.config import TrainConfig
 from tinydit.errors import TinyDiTError
-from tinydit.flags import Parser, add_config_flags, as_flags, flags_of, parse_list, user_warnings
+from tinydit.flags import HelpFormatter, Parser, add_config_flags, as_flags, flags_of, parse_list, user_warnings
 from tinydit.version import __version__
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
 # fmt: off
-# How --help groups the train flags: a field not named here is a general option.
-TRAIN_GROUPS = {
-    "distillation (few_step distill; the student copies the teacher's architecture)":
-        ("teacher", "teacher_sampler", "teacher_steps", "teacher_cfg", "teacher_cfg_interval", "distill_paths"),
-    "architecture switches (default: the preset's; see the Architecture ablation notes of the guide)":
-        ("norm", "qk_norm", "mlp", "pos", "pred"),
-    "logging, samples and checkpoints": ("log_every", "val_every", "val_size", "sample_every", "ckpt_every",
-                                         "sample_steps", "sample_cfg", "tensorboard", "report"),
-    "evaluation during training (offline metrics; best.pt)": ("eval_every", "eval_n", "eval_budget", "best_metric"),
-}
 TRAIN_HELP = "train a DiT or an MMDiT (re-running the same command continues the run)"
 
 
@@ -78,21 +68,23 @@ FLAGS: dict[str, tuple[str | tuple[str, str], dict]] = {
     "rtol": ("--rtol", dict(type=float, help="dopri5's relative tolerance; None: 1e-3")),
     "atol": ("--atol", dict(type=float, help="dopri5's absolute tolerance; None: 1e-3")),
     "eta": ("--eta", dict(type=float, help="ancestral: fresh noise per step, 0 (Euler) to 1 (DDPM's); None: 1")),
-    "seed": ("--seed", dict(type=int, default=0)),
+    "seed": ("--seed", dict(type=int, default=0, help="the seed of the noise and of every other random draw")),
     "nrow": ("--nrow", dict(type=int, help="images per grid row (default: the number of classes; text models: --n, "
                                            "one row per prompt)")),
-    "device": ("--device", dict(default="auto")),
+    "device": ("--device", dict(default="auto", help="auto (CUDA, else Apple's MPS, else the CPU) | cpu | cuda | "
+                                                     "cuda:N | mps")),
     "ema": ("--no-ema", dict(action="store_false", help="use the raw weights instead of the EMA")),
     "precision": ("--precision", dict(default="auto", choices=list(config.PRECISION_CHOICES),
                                       help="auto: bf16 on CUDA, or on a CPU probed at 1.5x fp32; else fp32")),
     "compile": ("--compile", dict(default="auto", choices=list(config.CHOICES["compile"]),
                                   help="torch.compile the model for sampling; auto: on for CUDA only")),
     "nproc": ("--nproc", dict(type=int, help="run as N processes here through torchrun --standalone (DDP: one per "
-                                             "GPU, or CPU processes with gloo); for several machines call torchrun")),
+                                             "GPU, or CPU processes with gloo); for several machines call torchrun "
+                                             "(default: this one process)")),
     "progress": ("--no-progress", dict(action="store_false", help="no progress bar (logs still go to metrics.jsonl)")),
     "data": ("--data", dict(help="reference: fashion-mnist | shapes | cifar10 | a folder (default: the checkpoint's)")),
     "split": ("--split", dict(default="test", choices=["test", "train"], help="reference split")),
-    "data_root": ("--data-root", dict(default="data")),
+    "data_root": ("--data-root", dict(default="data", help="where downloadable data sets are looked for")),
     "inception": ("--inception", dict(action="store_true", help="also the standard Inception FID (downloads weights)")),
     "inception_weights": ("--inception-weights", dict(help="local FID Inception weights (implies --inception)")),
     "cache_dir": ("--cache-dir", dict(default=str(api.DEFAULT_CACHE), help="where reference features are cached")),
@@ -118,6 +110,7 @@ FLAGS: dict[str, tuple[str | tuple[str, str], dict]] = {
 GRID_FLAGS = ("grid", "shift", "cfg_interval")
 SAMPLER_OPTIONS = (*GRID_FLAGS, "rtol", "atol", "eta")  # passed on as a sampler's options
 SAMPLER_FLAGS = ("sampler", "steps", *SAMPLER_OPTIONS)
+DEVICE_FLAGS = ("device", "precision", "compile", "nproc")  # in a group of their own, as train's
 MODEL_SOURCE = ("checkpoint", "pretrained")  # a tuple in a command's flags: one of them, required
 # command -> (help, its flags in --help's order, its own keywords for some of them)
 COMMANDS: dict[str, tuple[str, tuple, dict]] = {
@@ -154,21 +147,26 @@ PRESETS_NOTE = ("params: class-conditional, 32x32 RGB, 10 classes; +text: with t
 
 
 def _add_train(sub) -> None:
-    p = sub.add_parser("train", help=TRAIN_HELP, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_config_flags(p, TrainConfig, api.TRAIN_CHOICES, TRAIN_GROUPS)
-    group = p.add_mutually_exclusive_group()
-    group.add_argument("--resume", action="store_true", help="insist on continuing RUN_DIR/checkpoint.pt")
-    group.add_argument("--overwrite", action="store_true", help="start afresh even if RUN_DIR holds a run")
-    for name in ("progress", "nproc"):
-        p.add_argument(FLAGS[name][0], dest=name, **FLAGS[name][1])
+    """The train flags: TrainConfig's, grouped as its fields are, and the run's own in the groups they belong to."""
+    p = sub.add_parser("train", help=TRAIN_HELP, formatter_class=HelpFormatter)
+    groups = add_config_flags(p, TrainConfig, api.TRAIN_CHOICES, api.TRAIN_DEFAULTS)
+    run_dir = groups["output"].add_mutually_exclusive_group()
+    run_dir.add_argument("--resume", action="store_true", help="insist on continuing RUN_DIR/checkpoint.pt")
+    run_dir.add_argument("--overwrite", action="store_true", help="start afresh even if RUN_DIR holds a run")
+    for name, group in (("progress", "output"), ("nproc", "device")):
+        groups[group].add_argument(FLAGS[name][0], dest=name, **FLAGS[name][1])
     p.set_defaults(func=cmd_train)
 
 
 def _add_command(sub, name: str) -> None:
     help_, names, own = COMMANDS[name]
-    p = sub.add_parser(name, help=help_, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = sub.add_parser(name, help=help_, formatter_class=HelpFormatter)
+    device = None  # the group of the device flags, as in train, made where the command has them
     for item in names:
+        if item in DEVICE_FLAGS:
+            device = device or p.add_argument_group("device", "where the command computes, and how")
         group = p.add_mutually_exclusive_group(required=True) if isinstance(item, tuple) else p
+        group = device if item in DEVICE_FLAGS else group
         for dest in item if isinstance(item, tuple) else (item,):
             flag, kw = FLAGS[dest]
             names = (flag,) if isinstance(flag, str) else flag
@@ -208,7 +206,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     res = _call(api.sample, args, progress=True)
     if distributed.rank():  # rank 0 alone reports
         return 0
-    cost = f"{res.settings.sampler}, {res.nfe:g} model evaluations per image, {res.seconds:.1f} s"
+    cost = f"{res.settings.sampler}, {res.nfe:g} model evaluations per image, {res.seconds:.1f} s on {res.device}"
     print(f"{res.settings.note}\nwrote {len(res.x)} samples to {res.path} ({cost})", file=sys.stderr)
     return 0
 

@@ -1,6 +1,6 @@
 """The training run's configuration: ``TrainConfig``, a typed dataclass whose fields are grouped by concern
-(data, model, objective, schedule, budget, runtime, output), each group checked by its own method on
-construction, and nothing else.
+(data, model, objective, optimisation, budget, device, output, evaluation: the groups of `tinydit train
+--help`), checked on construction by a method per concern, and nothing else.
 
 A leaf of the package (it imports only ``errors``, ``runtime`` and ``tokens``): the names a field may take
 belong to their owners (the presets to ``tinydit.models.presets``, the samplers to
@@ -94,109 +94,111 @@ CHOICES: dict[str, tuple[str, ...]] = {
 
 @dataclass
 class TrainConfig:
+    # Each field's comment is its flag's help, and each "-- title: what --" line below opens the group of
+    # `tinydit train --help` that the flags after it stand in. A `None` default says in its comment what it
+    # stands for ("None: ..."), or is filled by the resolve step, which says it (resolve.RESOLVED_DEFAULTS).
+
     # -- data: what the model learns from --
 
-    data: str = "shapes"  # shapes | fashion-mnist | cifar10 | path of an image folder
+    data: str = "shapes"  # shapes | fashion-mnist | cifar10 | the path of an image folder
     data_root: str = "data"  # where downloadable data sets are looked for and stored
-    limit: int | None = None  # use only the first `limit` training images (quick runs)
-    classes: str | None = None  # train on these classes only: names or ids, comma-separated (automobile,truck)
-    # Text runs: comma-separated caption phrases ("red triangle"); every training image whose caption holds
-    # one is removed, so the model never sees that combination. None: "red triangle,blue circle" for shapes,
-    # else none.
+    limit: int | None = None  # train on the first LIMIT training images only (quick runs); None: all of them
+    # train on these classes only: names or ids, comma-separated (automobile,truck); None: all of them
+    classes: str | None = None
+    # text runs: comma-separated caption phrases ("red triangle"); every training image whose caption holds
+    # one is removed, so the model never sees that combination and prompt adherence can test it
     holdout: str | None = None
 
-    # -- model: the network (tinydit.models) --
+    # -- model: the network and its architecture switches --
 
-    model: str = "dit"  # dit | mmdit (tinydit.models.mmdit: image and text streams with joint attention)
-    preset: str | None = None  # model size, see `tinydit presets`; None: the data set's, else the model type's
-    cond: str | None = None  # class | text (the captions, tinydit.data.text); None: class for dit, text for mmdit
-    norm: str | None = None  # layernorm | rmsnorm; None here and in the four below keeps the preset's choice
-    qk_norm: bool | None = None  # RMS-normalise queries and keys per head
-    mlp: str | None = None  # gelu | swiglu (gated SiLU at the same parameter count)
-    pos: str | None = None  # sincos (absolute, added to the tokens) | rope (2-D rotary, inside attention)
-    pred: str | None = None  # v | x: what the network outputs (see DiTConfig.pred); None keeps the preset's
+    model: str = "dit"  # dit | mmdit (image and text streams with joint attention)
+    preset: str | None = None  # the model size: a name of `tinydit presets`
+    cond: str | None = None  # what the model is conditioned on: class | text (the shapes captions)
+    norm: str | None = None  # layernorm | rmsnorm; None: the preset's
+    qk_norm: bool | None = None  # RMS-normalise queries and keys per head; None: the preset's
+    mlp: str | None = None  # gelu | swiglu (gated SiLU at the same parameter count); None: the preset's
+    # sincos (absolute, added to the tokens) | rope (2-D rotary, inside attention); None: the preset's
+    pos: str | None = None
+    pred: str | None = None  # what the network outputs: v (the velocity) | x (the clean image); None: the preset's
 
-    # -- objective: what the network is trained to predict, and from which times --
+    # -- objective: what the network learns, and from which times --
 
-    # Training times: uniform | logit-normal (SD3). None: logit-normal for text runs (it raised MMDiT's
-    # all-attribute accuracy on shapes) and for class runs on RGB data, whose presets predict x (then also
-    # shifted towards noise, see `t_shift`); uniform on Fashion-MNIST.
-    t_sampling: str | None = None
-    # > 1 moves training times towards noise: t' = s t / (1 + (s - 1) t). None: 2.2 for class
-    # runs on RGB data (x-prediction trains where the layout is decided, as JiT does), else 1.
-    t_shift: float | None = None
-    class_dropout: float = 0.1  # probability of the null label (text: the empty caption), for guidance
-    # Weight of REPA's representation alignment (tinydit.train.repa): the tokens after the second block are
-    # pulled towards a shipped encoder's features of the clean image (shapes, fashion-mnist). 0: off. None: 0.5 for
-    # shapes class DiTs and shapes MMDiTs (flow matching or mean flows), whose crosses it lets the model learn,
-    # else 0 (tinydit.train.resolve).
+    t_sampling: str | None = None  # how training times are drawn: uniform | logit-normal (SD3's)
+    t_shift: float | None = None  # > 1 moves the training times towards noise: t' = s t / (1 + (s - 1) t)
+    class_dropout: float = 0.1  # probability of the null label (text: the empty caption), which guidance needs
+    # the weight of REPA's representation alignment: the tokens after the second block are pulled towards a
+    # shipped encoder's features of the clean image (shapes, fashion-mnist); 0: off
     repa: float | None = None
-    # none | shortcut: also train the model to take large steps (tinydit.flow.shortcut) | meanflow: learn the
-    # average velocity over intervals, to sample in one step (tinydit.flow.meanflow) | distill: train a
-    # few-step student on the paths of a trained model, ``teacher`` (tinydit.flow.distill)
+    # none | shortcut: also learn to take large steps | meanflow: learn the average velocity over intervals,
+    # to sample in one step | distill: a few-step student learns the paths of a trained model, `teacher`
     few_step: str = "none"
     # meanflow: the guidance scale folded into the training target, so that one evaluation samples guided
-    # (1: unguided). None: tinydit.train.resolve's MEANFLOW_CFG
+    # (1: unguided)
     meanflow_cfg: float | None = None
-    teacher: str | None = None  # distill: the teacher's checkpoint.pt
-    teacher_sampler: str = "heun"  # distill: how the teacher samples its paths (euler | heun | midpoint) ...
-    teacher_steps: int = 8  # ... in this many uniform steps (a multiple of tinydit.flow.distill.KNOTS) ...
-    teacher_cfg: float = 3.0  # ... with this guidance scale ...
-    teacher_cfg_interval: tuple[float, float] = (0.1, 0.8)  # ... for t in this interval, which taught students best
+    teacher: str | None = None  # distill: the checkpoint.pt of the trained model it learns from; None: none
+    teacher_sampler: str = "heun"  # distill: the sampler that draws the teacher's paths: euler | heun | midpoint
+    teacher_steps: int = 8  # distill: the teacher's uniform steps per path (a multiple of tinydit.flow.distill.KNOTS)
+    teacher_cfg: float = 3.0  # distill: the teacher's guidance scale
+    teacher_cfg_interval: tuple[float, float] = (0.1, 0.8)  # distill: the teacher guides only for t in [LO, HI]
     distill_paths: int = 40_000  # distill: how many teacher paths the student trains on
 
-    # -- schedule: the optimizer, its learning rate and the draws --
+    # -- optimisation: the optimizer, its learning rate and the random draws --
 
-    # Images per optimizer step (the global batch). None: 64 for shapes, else 128.
-    batch_size: int | None = None
-    # AdamW peak learning rate (constant after warm-up, as in DiT). None: 2e-3 for shapes, else 1e-3.
-    lr: float | None = None
+    batch_size: int | None = None  # images per optimizer step (the global batch, shared by all processes)
+    lr: float | None = None  # AdamW's peak learning rate (constant after the warm-up, as in DiT)
     warmup: int = 100  # linear learning-rate warm-up, in steps
     weight_decay: float = 0.0  # AdamW weight decay (DiT uses none)
-    grad_clip: float = 1.0  # clip the global gradient norm to this (0 = off)
-    ema_decay: float = 0.999  # EMA of the weights used for sampling; warmed up as min(d, (1+s)/(10+s))
+    grad_clip: float = 1.0  # clip the global gradient norm to this (0: off)
+    # the decay of the EMA of the weights that sampling uses, warmed up as min(decay, (1 + s) / (10 + s))
+    ema_decay: float = 0.999
     seed: int = 0  # the one seed behind data order, flips, times, noise and initial weights
 
-    # -- budget: when the run ends, and the learning rate's fall before it --
+    # -- budget: when the run ends, and how its learning rate falls before it --
 
-    steps: int | None = None  # stop after this many optimizer steps (None, and no `minutes`: 2000) ...
-    minutes: float | None = None  # ... or after this much training wall time, whichever comes first
-    # Linear decay of the learning rate to 0 over the last ``cooldown`` steps of a `steps` run
-    # (warmup-stable-decay). A run can be continued with other `steps`/`cooldown` until its decay starts.
+    steps: int | None = None  # stop after this many optimizer steps (with `minutes`: whichever comes first)
+    minutes: float | None = None  # stop after this many minutes of training; None: no time limit
+    # with `steps`: the learning rate falls linearly to 0 over the last `cooldown` steps (warmup-stable-decay);
+    # other `steps` or `cooldown` continue a run until its fall begins
     cooldown: int = 0
-    # `minutes` runs: the learning rate falls linearly to 0 over this last share of the time budget. The
-    # step count is planned when the fall must begin, from the rate measured since PLAN_AT of the budget,
-    # and kept in the checkpoint, so a continuation follows the same schedule to the step. None:
-    # 0.2 for a `minutes` run without `cooldown`, else 0 (off).
+    # with `minutes`: the learning rate falls linearly to 0 over this last share of the time; the steps are
+    # planned as the fall begins, from the run's steps per second, and kept in the checkpoint, so that a
+    # continuation follows the same schedule
     cooldown_frac: float | None = None
 
-    # -- runtime: the device, the precision and compilation --
+    # -- device: where the run computes, in which precision, compiled or not --
 
-    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
-    precision: str = "auto"  # auto | fp32 | bf16 | fp16 (CUDA only); auto = fastest measured on the device
-    # auto | on | off: torch.compile the training forward pass (on CUDA also sampling's). auto: on CUDA, and on
-    # a CPU for a `minutes` run of at least 3 minutes (tinydit.runtime.COMPILE_CPU_MINUTES) with a C++ compiler
+    device: str = "auto"  # auto (CUDA, else Apple's MPS, else the CPU) | cpu | cuda | cuda:N | mps
+    # auto | fp32 | bf16 | fp16 (CUDA only); auto: bf16 on CUDA where supported, and on a CPU where a short probe
+    # at start finds bf16 matmuls clearly faster; else fp32
+    precision: str = "auto"
+    # auto | on | off: torch.compile the training forward pass (on CUDA also sampling's); auto: on CUDA, and on
+    # a CPU with a C++ compiler for a `minutes` run long enough to win the compile time back
     compile: str = "auto"
 
-    # -- output: what the run writes, and how often --
+    # -- output: the run directory, what the run writes there, and how often --
 
-    out: str = "runs/shapes"  # run directory: config.json, metrics.jsonl, checkpoint.pt, samples/
+    out: str = "runs/shapes"  # the run directory: config.json, metrics.jsonl, checkpoint.pt, samples/
     log_every: int = 50  # steps between lines in metrics.jsonl
     val_every: int = 250  # steps between validation losses on the fixed held-out batch
     val_size: int = 512  # held-out images used for the validation loss
     sample_every: int = 500  # steps between sample grids (samples/step_NNNNNN.png)
     ckpt_every: int = 500  # steps between checkpoints (always one at the end, and on Ctrl-C)
-    sample_steps: int | None = None  # sample grids: the recorded sampler's steps replaced (as `tinydit sample --steps`)
-    sample_cfg: float | None = None  # sample grids: guidance scale; None: the recorded one (what `tinydit sample` uses)
-    # Evaluation during training: every `eval_every` steps (0: never) and at the end, `eval_n` class-balanced
-    # EMA samples (the recorded sampler settings) scored with the offline metrics (tinydit.eval), into
-    # metrics.jsonl; the best by `best_metric` is kept as best.pt.
+    # sample grids: the sampler's steps, as `tinydit sample --steps` sets them; None: the recorded steps
+    sample_steps: int | None = None
+    sample_cfg: float | None = None  # sample grids: the guidance scale; None: the recorded one, as `tinydit sample`
+    tensorboard: bool = False  # also write the metrics and sample grids for TensorBoard into RUN_DIR/tensorboard
+    report: bool = True  # write RUN_DIR/report.html at the end of the run (`tinydit report RUN_DIR` writes it later)
+
+    # -- evaluation: offline metrics during training, and the best checkpoint --
+
+    # steps between evaluations, and one at the end (0: none): `eval_n` class-balanced EMA samples, drawn with
+    # the recorded sampler settings, scored with the offline metrics into metrics.jsonl
     eval_every: int = 0
     eval_n: int = 500  # samples per evaluation: more is less noisy and slower
     eval_budget: str = "outside"  # outside | inside: whether evaluation time counts toward `minutes`
-    best_metric: str = "auto"  # auto: shape_strict (shapes class), adherence_all_all (shapes text), else fid_<net>
-    tensorboard: bool = False  # also write the metrics and sample grids for TensorBoard into RUN_DIR/tensorboard
-    report: bool = True  # write RUN_DIR/report.html at the end of the run (tinydit report RUN_DIR)
+    # the metric best.pt is kept by; auto: shape_strict on shapes class runs, adherence_all_all on shapes text
+    # runs, else the FID of the data set's feature network
+    best_metric: str = "auto"
 
     def __post_init__(self):
         """Every field as given, alone or against another given field, by concern; ``None`` stays ``None``

@@ -19,13 +19,9 @@ from pathlib import Path
 from typing import IO
 
 import torch
+from filelock import FileLock, Timeout
 
 from tinydit.errors import TinyDiTError
-
-try:
-    import fcntl
-except ImportError:  # Windows: no advisory locks; the run directory goes unlocked there
-    fcntl = None
 
 __all__ = [
     "atomic_write",
@@ -106,38 +102,39 @@ def read_lines(path: Path) -> list[dict]:
 
 
 class RunDirLock:
-    """An OS lock on a run directory (``.lock``, holding the owner's pid), held by a trainer for as long as
-    it trains: a second trainer on the directory is refused at once, naming the holder. The OS releases
-    it when the process ends, however it ends, so a ``kill -9`` never leaves a stale lock."""
+    """The operating system's lock on a run directory (its ``.lock``), held by a trainer for as long as it
+    trains and by a command that rewrites its checkpoint: a second holder is refused at once, naming the
+    first. ``filelock`` takes it on every platform (flock on POSIX, the Windows file-locking call there),
+    and the OS releases it when the process ends, however it ends, so a ``kill -9`` never leaves a stale
+    lock. The holder's pid goes into ``.lock.pid`` beside it, for the message, rather than into the lock
+    file, whose bytes filelock owns (a waiting process may empty it, and Windows cannot read a locked byte)."""
 
     def __init__(self, folder: Path):
-        self.path, self.file = folder / ".lock", None
+        self.path, self.holder = folder / ".lock", folder / ".lock.pid"
+        self.lock = FileLock(str(self.path), timeout=0)  # 0: refused at once, never waited for
 
     def acquire(self) -> RunDirLock:
-        if fcntl is None or self.file is not None:
+        """Take the lock (again: a no-op), or raise a one-line ``TinyDiTError`` naming the directory."""
+        if self.lock.is_locked:  # filelock counts nested acquires; one release must let go of this one
             return self
-        f = open(self.path, "a+")
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            f.seek(0)
-            holder = f.read().strip() or "another process"
-            f.close()
+            self.lock.acquire()
+        except Timeout:
+            try:
+                holder = f"process {int(self.holder.read_text())}"
+            except (OSError, ValueError):  # not written yet, or unreadable: the lock alone is sure
+                holder = "another process"
             raise TinyDiTError(
-                f"{self.path.parent} is being trained by process {holder}; wait for it to finish "
-                "(or stop it), or choose another `out`"
+                f"{self.path.parent} is being trained by {holder}; wait for it to finish (or stop it), "
+                "or choose another `out`"
             ) from None
-        f.seek(0)
-        f.truncate()
-        f.write(str(os.getpid()))
-        f.flush()
-        self.file = f
+        with contextlib.suppress(OSError):  # the pid only names the holder in a message: the lock holds without it
+            self.holder.write_text(str(os.getpid()))
         return self
 
     def release(self) -> None:
-        if self.file is not None:
-            self.file.close()  # closing the descriptor drops the lock
-            self.file = None
+        if self.lock.is_locked:
+            self.lock.release(force=True)
 
 
 def ensure_writable_dir(path: str | Path, param: str = "`out`") -> Path:

@@ -1,9 +1,10 @@
 """Command-line flags made from typed dataclass configs, and library errors told in those flags' names.
 
 ``add_config_flags`` gives every field of a config one flag (``--batch-size`` for ``batch_size``), typed
-from its annotation, with its default and the comment beside it as help, so a new option is one edit:
-a field with a comment. Library errors name parameters in backticks (`steps`); ``as_flags`` puts the
-flag of the running command in their place (--steps).
+from its annotation, with its default and the comment beside it as help, in the argument group of the
+section it stands in (``config_groups``), so a new option is one edit: a field with a comment. Library
+errors name parameters in backticks (`steps`); ``as_flags`` puts the flag of the running command in
+their place (--steps).
 """
 
 from __future__ import annotations
@@ -15,11 +16,22 @@ import os
 import re
 import sys
 import warnings
+from argparse import SUPPRESS
 from dataclasses import MISSING, fields
 
 from tinydit.errors import TinyDiTError
 
-__all__ = ["field_comments", "add_config_flags", "parse_list", "Parser", "flags_of", "as_flags", "user_warnings"]
+__all__ = [
+    "field_comments",
+    "config_groups",
+    "add_config_flags",
+    "HelpFormatter",
+    "parse_list",
+    "Parser",
+    "flags_of",
+    "as_flags",
+    "user_warnings",
+]
 
 
 def field_comments(cls: type) -> dict[str, str]:
@@ -37,29 +49,70 @@ def field_comments(cls: type) -> dict[str, str]:
     return comments
 
 
+# A section of a config's fields opens at a comment line "# -- title: what it holds --".
+SECTION = re.compile(r"# -- (\w+): (.+) --$")
+# The clause of a field's comment that says what its `None` default stands for: "...; None: the preset's".
+NONE_CLAUSE = re.compile(r"[;,.]?\s*None: (.+?)\.?$")
+
+
+def config_groups(cls: type) -> dict[str, tuple[str, list[str]]]:
+    """The sections of the dataclass ``cls``'s fields, in order: title -> (what it holds, its field names).
+    Fields above the first section stand in none."""
+    names, groups, current = {f.name for f in fields(cls)}, {}, None
+    for line in inspect.getsource(cls).splitlines()[1:]:
+        stripped = line.strip()
+        if stripped.startswith(("def ", "@")):  # the methods: the fields are all above them
+            break
+        section, field_ = SECTION.match(stripped), re.match(r"(\w+): ", stripped)
+        if section:
+            current = section[1]
+            groups[current] = (section[2], [])
+        elif current is not None and field_ and field_[1] in names:
+            groups[current][1].append(field_[1])
+    return groups
+
+
 def _on_off(text: str) -> bool:
     if text not in ("on", "off"):
         raise argparse.ArgumentTypeError(f"use on or off, got {text!r}")
     return text == "on"
 
 
-def add_config_flags(p: argparse.ArgumentParser, cls: type, choices: dict, groups: dict) -> None:
+def _help(comment: str, default, said: str | None, flags: dict[str, str]) -> str:
+    """A field's flag help: its comment, each `field` in it written as that field's flag, and for a ``None``
+    default the words that say what it stands for (``said``, else the comment's "None: ..." clause)."""
+    clause = NONE_CLAUSE.search(comment) if default is None else None
+    if clause:
+        comment = comment[: clause.start()]
+    words = said or (clause[1] if clause else None)
+    text = comment.rstrip(".") + (f" (default: {words})" if words else "")
+    text = re.sub(r"`(\w+)`", lambda m: flags.get(m[1], m[0]), text)
+    return text.replace("%", "%%")  # argparse formats help with %
+
+
+def add_config_flags(
+    p: argparse.ArgumentParser, cls: type, choices: dict, defaults: dict[str, str] | None = None
+) -> dict[str, argparse._ArgumentGroup]:
     """One flag per field of the dataclass ``cls``: ``--batch-size`` for ``batch_size``, typed from its
-    annotation, with its default, its comment as help and ``choices`` where given."""
-    comments = field_comments(cls)
-    group_of = {name: title for title, names in groups.items() for name in names}
-    made = {title: p.add_argument_group(title) for title in groups}
+    annotation, with its default, its comment as help (``_help``; ``defaults``: the words for the ``None``
+    defaults filled in later) and ``choices`` where given, in the argument group of its section. Returns
+    the groups by title, for the caller's own flags."""
+    comments, defaults = field_comments(cls), defaults or {}
+    made = {title: p.add_argument_group(title, what) for title, (what, _) in config_groups(cls).items()}
+    group_of = {name: made[title] for title, (_, names) in config_groups(cls).items() for name in names}
+    flags = {f.name: "--" + f.name.replace("_", "-") for f in fields(cls)}
     for f in fields(cls):
         kind = (f.type.__name__ if isinstance(f.type, type) else str(f.type)).replace(" | None", "")
         default = f.default if f.default is not MISSING else f.default_factory()
-        help_ = comments.get(f.name, "").replace("%", "%%")  # argparse formats help with %
+        help_ = _help(comments.get(f.name, ""), default, defaults.get(f.name), flags)
         kw: dict = {"dest": f.name, "default": default, "help": help_ or None}
+        where = group_of.get(f.name, p)
         if kind == "bool" and "None" not in str(f.type):  # a plain switch: --name, or --no-name where it is on
             name = f.name.replace("_", "-")
-            kw.pop("default")
             flag = f"--no-{name}" if default else f"--{name}"
-            kw.update(action="store_false" if default else "store_true", default=default)
-            (made[group_of[f.name]] if f.name in group_of else p).add_argument(flag, **kw)
+            if default and help_:
+                kw["help"] = f"do not {help_}"  # the comment says what the field does when on
+            where.add_argument(flag, action="store_false" if default else "store_true", **kw)
             continue
         if kind == "bool":  # on, off, or None: the preset's choice
             kw.update(type=_on_off, metavar="{on,off}")
@@ -69,7 +122,24 @@ def add_config_flags(p: argparse.ArgumentParser, cls: type, choices: dict, group
             kw["type"] = {"int": int, "float": float, "str": str}[kind]
         if f.name in choices:
             kw["choices"] = list(choices[f.name])
-        (made[group_of[f.name]] if f.name in group_of else p).add_argument("--" + f.name.replace("_", "-"), **kw)
+        where.add_argument(flags[f.name], **kw)
+    return made
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` with each option's default after its help, as it is typed ("0.1 0.8" for a pair); a
+    switch's is "off" (the flag not given). Nothing is added where the help says the default already (a
+    default chosen later, in words) or where there is none: a required flag, or a ``None`` default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help_ = action.help or ""
+        default = action.default
+        if "(default:" in help_ or not action.option_strings or action.required or default in (None, SUPPRESS):
+            return help_
+        if action.nargs == 0:
+            return f"{help_} (default: off)"
+        shown = " ".join(map(str, default)) if isinstance(default, (tuple, list)) else str(default)
+        return f"{help_} (default: {shown.replace('%', '%%')})"
 
 
 def parse_list(text: str, kind: type, flag: str) -> list:

@@ -101,7 +101,7 @@ class RunLog:
     ) -> None:
         """The start-up lines of a run of resolved config ``cfg``: what trains on what, or where it continues."""
         if step:
-            self.say(f"continuing {cfg.out} from step {step}")
+            self.say(f"continuing {cfg.out} from step {step} on {device}")
         else:
             what = f"{preset}, text-conditioned," if cfg.cond == "text" else preset
             held = f", {data.n_held_out} held out: {cfg.holdout}" if data.n_held_out else ""

@@ -35,10 +35,13 @@ __all__ = [
     "NOISEWARD_SHIFT",
     "BUDGET_COOLDOWN_FRAC",
     "DEFAULT_STEPS",
+    "DEFAULT_BATCH_SIZE",
     "DEFAULT_BATCH_SIZES",
+    "DEFAULT_LR",
     "DEFAULT_LRS",
     "DEFAULT_REPA",
     "ALIGNED_BY_DEFAULT",
+    "RESOLVED_DEFAULTS",
 ]
 
 # Caption combinations a shapes text run never sees unless told otherwise (`holdout`): prompt adherence
@@ -52,10 +55,12 @@ NOISEWARD_SHIFT = 2.2
 # run that stops at its peak rate ends on noisy weights.
 BUDGET_COOLDOWN_FRAC = 0.2
 DEFAULT_STEPS = 2000  # a run given neither `steps` nor `minutes`
-# The default batch per data set, else 128: shapes gains more from more, smaller steps than from a larger batch.
-DEFAULT_BATCH_SIZES = {"shapes": 64}
-# The default peak learning rate per data set, else 1e-3; shapes at batch 64 takes 2e-3, its edge of stability.
-DEFAULT_LRS = {"shapes": 2e-3}
+# The default batch per data set, else DEFAULT_BATCH_SIZE: shapes gains more from more, smaller steps than
+# from a larger batch.
+DEFAULT_BATCH_SIZE, DEFAULT_BATCH_SIZES = 128, {"shapes": 64}
+# The default peak learning rate per data set, else DEFAULT_LR; shapes at batch 64 takes a higher one, its edge
+# of stability.
+DEFAULT_LR, DEFAULT_LRS = 1e-3, {"shapes": 2e-3}
 # The default weight of REPA's alignment, per data set (one with a shipped encoder,
 # tinydit.train.repa), else 0: aligned to an encoder that knows where a shape's centre is, the model learns
 # to lay out crosses, which no run without it drew; REPA's own weight. Fashion-MNIST has an encoder too, but
@@ -70,6 +75,29 @@ ALIGNED_BY_DEFAULT = {("dit", "class"), ("mmdit", "text")}
 # The guidance a mean-flow run folds into its target when `meanflow_cfg` is not given (docs/few_step.md
 # measures it): a one-step sampler cannot guide afterwards, so the guided field is what it learns.
 MEANFLOW_CFG = 2.0
+
+
+def _per_data(table: dict, other) -> str:
+    """A per-data-set default in words: "64 on shapes, else 128"."""
+    return ", ".join([*(f"{value:g} on {data}" for data, value in table.items()), f"else {other:g}"])
+
+
+# What `resolve` fills each `None` default with, in words, for `tinydit train --help`: made from the values
+# above, so the help says what a run does.
+RESOLVED_DEFAULTS = {
+    "holdout": f'"{SHAPES_HOLDOUT}" on shapes text runs, else none',
+    "preset": "chosen per data set and model, as `tinydit presets` marks",
+    "cond": ", ".join(f"{conds[0]} for {model}" for model, conds in MODEL_CONDS.items()),
+    "t_sampling": "logit-normal for text runs and for class runs on RGB data, else uniform",
+    "t_shift": f"{NOISEWARD_SHIFT:g} for class runs on RGB data, else 1: no shift",
+    "repa": ", ".join(f"{weight:g} on {data}" for data, weight in DEFAULT_REPA.items())
+    + " for class DiTs and text MMDiTs that train with flow matching or meanflow, else 0",
+    "meanflow_cfg": f"{MEANFLOW_CFG:g} with `few_step` meanflow",
+    "batch_size": _per_data(DEFAULT_BATCH_SIZES, DEFAULT_BATCH_SIZE),
+    "lr": _per_data(DEFAULT_LRS, DEFAULT_LR),
+    "steps": f"{DEFAULT_STEPS} without `minutes`, else no step limit",
+    "cooldown_frac": f"{BUDGET_COOLDOWN_FRAC:g} for a `minutes` run without `cooldown`, else 0: no fall",
+}
 
 # The values each TrainConfig field with a closed set takes, from its owner, for the CLI's --help (the
 # architecture switches are checked where the model's config is built, tinydit.models.dit_config).
@@ -131,10 +159,11 @@ def resolve(cfg: TrainConfig, dataset: Dataset | None = None) -> TrainConfig:
         holdout=_holdout(cfg.holdout, cond, data),
         steps=steps,
         cooldown_frac=cooldown_frac,
+        # text runs: SD3's logit-normal times, which learned the captions better on shapes (the text-to-image notes)
         t_sampling=cfg.t_sampling or ("logit-normal" if cond == "text" or rgb_class else "uniform"),
         t_shift=cfg.t_shift or (NOISEWARD_SHIFT if rgb_class else 1.0),
-        batch_size=cfg.batch_size or DEFAULT_BATCH_SIZES.get(data, 128),
-        lr=cfg.lr or DEFAULT_LRS.get(data, 1e-3),
+        batch_size=cfg.batch_size or DEFAULT_BATCH_SIZES.get(data, DEFAULT_BATCH_SIZE),
+        lr=cfg.lr or DEFAULT_LRS.get(data, DEFAULT_LR),
         repa=repa,
         meanflow_cfg=(cfg.meanflow_cfg or MEANFLOW_CFG) if cfg.few_step == "meanflow" else None,
     )
