@@ -34,6 +34,7 @@ def test_an_older_file_is_upgraded_where_it_is_read(tmp_path):
     assert ckpt.model_type == "dit" and ckpt.config.cond == "class" and ckpt.preset == "dit-0.2m"
     assert ckpt.data.name == "shapes" and ckpt.data.channels is None and ckpt.data.prompts is None
     assert ckpt.train().repa == 0.0  # stored before the alignment existed: it trained without it
+    assert ckpt.train().flip is True  # stored before `flip` existed: every data set flipped
     assert ckpt.sampling is None and ckpt.kernels is None and ckpt.few_step == "none"
     # what it would record now, from the measured records
     assert SamplingSettings.from_checkpoint(ckpt) == recommended_sampling("shapes", "dit-0.2m", "class", "none")

@@ -4,7 +4,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import fashion_mnist_available
+from conftest import fashion_mnist_available, fast_config
 from PIL import Image
 
 from tinydit.data import (
@@ -18,7 +18,7 @@ from tinydit.data import (
     make_transform,
 )
 from tinydit.errors import TinyDiTError
-from tinydit.images import to_uint8
+from tinydit.images import from_uint8, to_uint8
 
 HAS_FMNIST = fashion_mnist_available()
 
@@ -184,3 +184,67 @@ def test_shapes_via_load_dataset_has_captions_and_limit():
     ds = load_dataset("shapes", train=False, limit=50)
     assert len(ds) == 50 and ds.images.shape == (50, 3, 32, 32) and len(ds.captions) == 50
     assert ds.classes == ["circle", "square", "triangle", "cross"]
+
+
+def write_fashion_mnist(root: Path, n: int = 64) -> None:
+    """A small Fashion-MNIST in its idx layout, both splits: images whose left and right halves differ, so a
+    mirrored one is never equal to itself."""
+    import gzip
+    import struct
+
+    rng = np.random.default_rng(0)
+    for prefix, count in (("train", n), ("t10k", n // 2)):
+        imgs = rng.integers(0, 256, size=(count, 28, 28), dtype=np.uint8)
+        imgs[:, :, :14] = 0  # every image dark on its left, so its mirror image is dark on its right
+        with gzip.open(root / f"{prefix}-images-idx3-ubyte.gz", "wb") as f:
+            f.write(struct.pack(">HBB3I", 0, 8, 3, count, 28, 28) + imgs.tobytes())
+        with gzip.open(root / f"{prefix}-labels-idx1-ubyte.gz", "wb") as f:
+            f.write(struct.pack(">HBB1I", 0, 8, 1, count) + bytes(i % 10 for i in range(count)))
+
+
+def mirrored_batches(tmp_path, monkeypatch, **kw) -> tuple[int, int]:
+    """(batches, batches holding a mirrored image) of a short Fashion-MNIST run, read where the trainer
+    takes each training batch."""
+    from tinydit.data.cache import CachedDataset
+    from tinydit.train import Trainer
+
+    monkeypatch.setattr("tinydit.data.datasets.DEBIAN_FASHION_MNIST", tmp_path / "nowhere")
+    (tmp_path / "fm").mkdir()
+    write_fashion_mnist(tmp_path / "fm")
+    seen, batch = [], CachedDataset.batch
+
+    def watched(self, indices, generator=None, device="cpu", flips=None):
+        x, y = batch(self, indices, generator, device, flips)
+        if self.images.shape[0] == 64:  # the training set (the validation set holds 32)
+            seen.append(not torch.equal(x, from_uint8(self.images[indices])))
+        return x, y
+
+    monkeypatch.setattr(CachedDataset, "batch", watched)
+    cfg = fast_config(tmp_path / "run", data="fashion-mnist", data_root=str(tmp_path / "fm"), steps=6, **kw)
+    Trainer(cfg, progress=False).fit()
+    return len(seen), sum(seen)
+
+
+def test_a_fashion_mnist_run_never_sees_a_mirrored_image(tmp_path, monkeypatch):
+    batches, mirrored = mirrored_batches(tmp_path, monkeypatch)
+    assert batches >= 6 and mirrored == 0
+
+
+def test_flip_on_mirrors_fashion_mnist_where_asked(tmp_path, monkeypatch):
+    """The negative control of the test above: the same watch sees mirrored images when flips are on."""
+    batches, mirrored = mirrored_batches(tmp_path, monkeypatch, flip=True)
+    assert batches >= 6 and mirrored >= batches // 2
+
+
+def test_whether_a_run_flips_is_the_data_sets_own_unless_given(tmp_path):
+    from tinydit.config import TrainConfig
+    from tinydit.train.resolve import resolve
+
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    assert resolve(TrainConfig(data="fashion-mnist")).flip is False
+    assert resolve(TrainConfig(data="shapes")).flip is True
+    assert resolve(TrainConfig(data="cifar10")).flip is True
+    assert resolve(TrainConfig(data=str(folder))).flip is True
+    assert resolve(TrainConfig(data=str(folder), flip=False)).flip is False
+    assert resolve(TrainConfig(data="fashion-mnist", flip=True)).flip is True

@@ -73,6 +73,7 @@ TRAJECTORY_FIELDS = (
     "model",
     "cond",
     "holdout",
+    "flip",
     "teacher",
     "teacher_sampler",
     "teacher_steps",
@@ -108,6 +109,9 @@ class TrainConfig:
     # text runs: comma-separated caption phrases ("red triangle"); every training image whose caption holds
     # one is removed, so the model never sees that combination and prompt adherence can test it
     holdout: str | None = None
+    # mirror training images left-right at random; None: as the data set does, off for Fashion-MNIST (its
+    # shoes all face one way) and on for shapes, CIFAR-10, image folders and Dataset objects
+    flip: bool | None = None
 
     # -- model: the network and its architecture switches --
 

@@ -17,7 +17,8 @@ Built-in data (``load_dataset``):
 * any folder of images (``ImageFolderDataset``), resized and centre-cropped to 32x32 RGB.
 
 For training, each set is decoded once into a ``CachedDataset``: one uint8 tensor in memory, flipped
-on the fly. On a CPU this removes decoding, PIL and worker processes from the training loop.
+on the fly where the data set mirrors (``tinydit.data.names.mirrors``: every set but Fashion-MNIST).
+On a CPU this removes decoding, PIL and worker processes from the training loop.
 
 Every set from ``load_dataset`` also has one caption per image (``CachedDataset.captions``), for text
 conditioning: ``shapes`` its own ("a red circle on a blue background"), CIFAR-10 and Fashion-MNIST
@@ -42,7 +43,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from tinydit.data.cache import CachedDataset
-from tinydit.data.names import BUILTIN_DATASETS, canonical_name, known_name
+from tinydit.data.names import BUILTIN_DATASETS, canonical_name, known_name, mirrors
 from tinydit.data.shapes import ShapesDataset
 from tinydit.data.text import class_captions
 from tinydit.errors import TinyDiTError
@@ -256,7 +257,7 @@ def _find_idx(folder: Path, stem: str) -> Path | None:
 
 
 def get_fashion_mnist(root: str | Path = "data", train: bool = True, download: bool = True) -> CachedDataset:
-    """Fashion-MNIST as a ``CachedDataset`` of uint8 (N, 1, 28, 28).
+    """Fashion-MNIST as a ``CachedDataset`` of uint8 (N, 1, 28, 28), never flipped (its shoes face one way).
 
     Looked up in ``root`` (also ``root/fashion-mnist`` and torchvision's ``root/FashionMNIST/raw``), then
     in Debian's ``/usr/share/datasets/fashion-mnist``, then downloaded with torchvision into ``root``.
@@ -269,7 +270,7 @@ def get_fashion_mnist(root: str | Path = "data", train: bool = True, download: b
         if img_path and lbl_path:
             images = torch.from_numpy(_read_idx(img_path).copy()).unsqueeze(1)  # (N, 28, 28) -> (N, 1, 28, 28)
             labels = torch.from_numpy(_read_idx(lbl_path).astype(np.int64))
-            return CachedDataset(images, labels, FASHION_MNIST_CLASSES, flip=train)
+            return CachedDataset(images, labels, FASHION_MNIST_CLASSES, flip=train and mirrors("fashion-mnist"))
     if download:
         from torchvision import datasets
 
@@ -281,7 +282,8 @@ def get_fashion_mnist(root: str | Path = "data", train: bool = True, download: b
                 f"({type(err).__name__}). Fix: `apt-get install dataset-fashion-mnist`, or copy the four "
                 f"*-ubyte.gz files into {root}/, or run once with internet access"
             ) from err
-        return CachedDataset(raw.data.unsqueeze(1).clone(), raw.targets.clone(), FASHION_MNIST_CLASSES, flip=train)
+        images, labels = raw.data.unsqueeze(1).clone(), raw.targets.clone()  # (N, 1, 28, 28), (N,)
+        return CachedDataset(images, labels, FASHION_MNIST_CLASSES, flip=train and mirrors("fashion-mnist"))
     raise TinyDiTError(
         f"Fashion-MNIST is not in {root} or {DEBIAN_FASHION_MNIST} and download is off. "
         "Fix: `apt-get install dataset-fashion-mnist`, or copy the *-ubyte.gz files into the data root"
@@ -336,16 +338,18 @@ def load_dataset(
     download: bool = True,
     limit: int | None = None,
     shapes_size: int | None = None,
+    flip: bool | None = None,
 ) -> CachedDataset:
     """A built-in data set by name (``shapes``, ``fashion-mnist``, ``cifar10``) or a folder of images,
-    decoded once into memory. Training splits flip at random; held-out splits do not. Setting the
+    decoded once into memory. A training split flips at random where ``flip`` says (None: where the data
+    set mirrors, ``tinydit.data.names.mirrors``: not Fashion-MNIST); held-out splits never do. Setting the
     environment variable ``TINYDIT_OFFLINE=1`` turns every download off.
 
     An image folder has no test split: about 5% of its files (chosen by a hash of the path, so the
     choice is stable as files are added) are held out, and if that leaves none the whole folder is
     used for both.
     """
-    return open_dataset(known_name(name), train, root, download, limit, shapes_size, stacklevel=3)
+    return open_dataset(known_name(name), train, root, download, limit, shapes_size, flip, stacklevel=3)
 
 
 def open_dataset(
@@ -355,22 +359,26 @@ def open_dataset(
     download: bool = True,
     limit: int | None = None,
     shapes_size: int | None = None,
+    flip: bool | None = None,
     *,
     stacklevel: int = 2,
 ) -> CachedDataset:
     """``load_dataset`` for a name already made canonical (``canonical_name``: a built-in name, or an image
     folder's absolute path), as a resolved run holds it."""
     download = download and os.environ.get("TINYDIT_OFFLINE", "") in ("", "0")
+    flip = train and (mirrors(key) if flip is None else flip)
     if key == "shapes":
         n = shapes_size if shapes_size is not None else (20000 if train else 2000)
         raw = ShapesDataset(n=n if limit is None else min(n, limit), train=train)  # image i does not depend on n
-        ds = CachedDataset(raw.images, raw.labels, raw.classes, flip=train)
+        ds = CachedDataset(raw.images, raw.labels, raw.classes, flip=flip)
         ds.captions = list(raw.captions)
     elif key == "fashion-mnist":
         ds = get_fashion_mnist(root, train=train, download=download)
+        ds.flip = flip
         ds.captions = class_captions(ds.labels.tolist(), ds.classes)
     elif key == "cifar10":
         ds = CachedCIFAR10(root, train=train, download=download)
+        ds.flip = flip
         ds.captions = class_captions(ds.labels.tolist(), ds.classes)
     elif Path(key).exists():
         root = Path(key)
@@ -384,7 +392,7 @@ def open_dataset(
                     stacklevel=stacklevel,
                 )
             keep = torch.arange(len(everything))
-        ds = everything.subset(keep, flip=train)
+        ds = everything.subset(keep, flip=flip)
     else:
         raise TinyDiTError(
             f"unknown data set {key!r}: use one of {', '.join(BUILTIN_DATASETS)} or the path of an image folder"

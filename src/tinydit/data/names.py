@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tinydit.errors import TinyDiTError
 
-__all__ = ["BUILTIN_DATASETS", "DATASET_PREFIX", "canonical_name", "dataset_name", "known_name"]
+__all__ = ["BUILTIN_DATASETS", "DATASET_PREFIX", "canonical_name", "dataset_name", "known_name", "mirrors"]
 
 # The built-in data sets and the spellings accepted for them; anything else is an image folder's path.
 BUILTIN_DATASETS = ("shapes", "fashion-mnist", "cifar10")
@@ -19,6 +19,19 @@ _DATA_ALIASES = {
     "cifar-10": "cifar10",
     "shapes": "shapes",
 }
+
+
+# Whether a left-right mirror image of a training image is as likely as the image itself, so that random
+# flips add images of the same distribution. Not for Fashion-MNIST: its sandals, sneakers and ankle boots
+# all face one way, and a flipped shoe is one no real image shows. Image folders and Dataset objects are
+# taken to be photographs, which mirror (``TrainConfig.flip`` says otherwise).
+MIRRORED = {"shapes": True, "fashion-mnist": False, "cifar10": True}
+
+
+def mirrors(name: str) -> bool:
+    """Whether the data set called ``name`` (canonical, or an image folder's path) trains with random flips
+    unless told otherwise."""
+    return MIRRORED.get(name, True)
 
 
 # A run trained on a Dataset object given from Python is named by its class: "dataset:<class>".

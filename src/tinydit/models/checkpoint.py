@@ -153,7 +153,8 @@ class Checkpoint:
     def from_dict(cls, state: dict, where: str = "the checkpoint") -> Checkpoint:
         """A checkpoint from the dict a file holds, upgraded: the one place that knows what older releases
         wrote. Before MMDiT existed no ``model_type`` was written (every model was a DiT); a run stored
-        before the alignment (``repa``) existed trained without it; before the image shape was recorded
+        before the alignment (``repa``) existed trained without it, and one stored before ``flip`` existed
+        trained with random flips, Fashion-MNIST included; before the image shape was recorded
         ``data`` held the name and classes only, and before the sampler settings were, ``sampling`` is
         None (``tinydit.flow.settings.SamplingSettings.from_checkpoint`` gives what the run would record
         now). What cannot be read names ``where``."""
@@ -175,6 +176,8 @@ class Checkpoint:
         fields["step"] = int(fields["step"] or 0)
         if fields["train_config"] and "repa" not in fields["train_config"]:
             fields["train_config"] = {**fields["train_config"], "repa": 0.0}
+        if fields["train_config"] and "flip" not in fields["train_config"]:  # every set flipped before `flip`
+            fields["train_config"] = {**fields["train_config"], "flip": True}
         fields.setdefault("source", where)
         return cls(model_type=kind, config=config, extra=state, **fields)
 

@@ -116,10 +116,12 @@ def cache_dataset(dataset: Dataset, flip: bool, desc: str) -> CachedDataset:
 def _datasets(cfg: TrainConfig, dataset: Dataset | None, val_dataset: Dataset | None):
     if dataset is None:
         return (
-            open_dataset(cfg.data, train=True, root=cfg.data_root, limit=None if cfg.classes else cfg.limit),
+            open_dataset(
+                cfg.data, train=True, root=cfg.data_root, limit=None if cfg.classes else cfg.limit, flip=cfg.flip
+            ),
             open_dataset(cfg.data, train=False, root=cfg.data_root, limit=None if cfg.classes else cfg.val_size),
         )
-    train = cache_dataset(dataset, flip=True, desc="decoding the training set")
+    train = cache_dataset(dataset, flip=cfg.flip, desc="decoding the training set")  # resolved: a bool
     if val_dataset is not None:
         val = cache_dataset(val_dataset, flip=False, desc="decoding the validation set")
     else:

@@ -19,7 +19,7 @@ from torch.utils.data import Dataset
 
 from tinydit.config import CHOICES as CONFIG_CHOICES
 from tinydit.config import TrainConfig
-from tinydit.data.names import DATASET_PREFIX, canonical_name, dataset_name, known_name
+from tinydit.data.names import DATASET_PREFIX, canonical_name, dataset_name, known_name, mirrors
 from tinydit.errors import TinyDiTError
 from tinydit.flow.path import T_SAMPLINGS
 from tinydit.flow.samplers import FIXED_STEP_SAMPLERS
@@ -166,6 +166,7 @@ def resolve(cfg: TrainConfig, dataset: Dataset | None = None) -> TrainConfig:
         lr=cfg.lr or DEFAULT_LRS.get(data, DEFAULT_LR),
         repa=repa,
         meanflow_cfg=(cfg.meanflow_cfg or MEANFLOW_CFG) if cfg.few_step == "meanflow" else None,
+        flip=mirrors(trained_on) if cfg.flip is None else cfg.flip,
     )
 
 
