@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import run_script
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,3 +82,19 @@ def test_gradient_by_t_measures_a_checkpoint(tiny_run, capsys):
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert [r["t"] for r in rows] == [0.2, 0.9]
     assert all(r["grad_norm"] > 0 and r["loss"] > 0 for r in rows), rows
+
+
+def test_mirror_share_tells_images_that_face_the_means_way_from_mirrored_ones():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mirror_share", SCRIPTS / "mirror_share.py")
+    mirror_share = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mirror_share)
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(40, 1, 8, 8, generator=g) * 2 - 1
+    x[..., :4] = -1  # every image dark on its left, as its class's mean
+    labels = torch.arange(40) % 2
+    means = torch.stack([x[labels == k].mean(0) for k in range(2)] + [torch.zeros(1, 8, 8)])
+    assert mirror_share.facing_share(x, labels, means) == [1.0, 1.0, None]
+    mirrored = torch.where((torch.arange(40) < 30).view(-1, 1, 1, 1), x.flip(-1), x)  # 15 of each class's 20
+    assert mirror_share.facing_share(mirrored, labels, means)[:2] == [0.25, 0.25]
