@@ -5,6 +5,7 @@ exactly from a checkpoint. A fake clock stands in for the machine: every reading
 so the plan is the same in every process that runs the same code path."""
 
 import json
+import shutil
 import signal
 import types
 
@@ -79,14 +80,14 @@ def test_a_stopped_time_budget_run_continues_exactly(tmp_path, clock):
         trainer_module.Trainer.train_step = original
     stopped = load_checkpoint(tmp_path / "b" / "checkpoint.pt")
     assert stopped.step == stop_at and stopped.plan == plan
+    # Once the cool-down has begun the schedule is fixed: another budget is refused, naming the way out
+    with pytest.raises(TinyDiTError, match="inside the learning-rate cool-down planned for `minutes` 0.025"):
+        Trainer(fast_config(tmp_path / "b", **{**KW, "minutes": 0.05}), progress=False)
     resumed = Trainer(fast_config(tmp_path / "b", **KW), progress=False)
     resumed.fit()
     assert resumed.run.step == plan["steps"]
     a, b = straight.run.model.state_dict(), resumed.run.model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
-    # Once the cool-down has begun the schedule is fixed: another budget is refused, naming the way out
-    with pytest.raises(TinyDiTError, match="inside the learning-rate cool-down planned for `minutes` 0.025"):
-        Trainer(fast_config(tmp_path / "b", **{**KW, "minutes": 0.05}), progress=False)
 
 
 def test_cooldown_frac_is_checked():
@@ -112,3 +113,56 @@ def test_a_time_budget_cools_down_by_default_and_an_earlier_run_continues_under_
     plan = load_checkpoint(tmp_path / "checkpoint.pt").plan
     assert plan["minutes"] == KW["minutes"] and resumed.run.step == plan["steps"]
     assert abs(plan["cooldown"] - BUDGET_COOLDOWN_FRAC * plan["steps"]) <= 2
+
+
+def _interrupted_at(step: int):
+    """Trainer.train_step, with Ctrl-C during the step that ends at ``step`` (a checkpoint after it)."""
+    original = Trainer.train_step
+
+    def interrupted(self):
+        if self.run.step == step - 1:
+            signal.raise_signal(signal.SIGINT)
+        return original(self)
+
+    return interrupted
+
+
+def test_a_finished_time_budget_run_given_more_minutes_is_extended_and_the_extension_continues_exactly(
+    tmp_path, clock, capsys, monkeypatch
+):
+    Trainer(fast_config(tmp_path / "a", **KW), progress=False).fit()
+    first = load_checkpoint(tmp_path / "a" / "checkpoint.pt")
+    assert first.step == first.plan["steps"]  # finished: its cool-down ran to its last step
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    more = {**KW, "minutes": 2 * KW["minutes"]}
+    capsys.readouterr()
+    clock[0] = 0.0
+    straight = Trainer(fast_config(tmp_path / "a", **more), progress=False)
+    straight.fit()
+    assert (
+        f"extending a finished 0.025-minute run to 0.05 minutes from step {first.step}: the learning rate is back "
+        "at its peak and falls again over the last 0.3 of the added time, so the run will not equal one run of "
+        "0.05 minutes"
+    ) in capsys.readouterr().err.splitlines()
+    plan = load_checkpoint(tmp_path / "a" / "checkpoint.pt").plan
+    assert plan["minutes"] == more["minutes"] and plan["from_step"] == first.step
+    assert straight.run.step == plan["steps"] > first.step
+    added = plan["steps"] - first.step  # a new cool-down over the last share of the added steps ...
+    assert abs(plan["cooldown"] - KW["cooldown_frac"] * added) <= 2
+    lrs, peak = _lrs(tmp_path / "a"), straight.cfg.lr
+    assert straight.budget.lr_at(first.step) == pytest.approx(peak)  # ... after the peak again, at once
+    assert lrs[plan["steps"]] == pytest.approx(peak / plan["cooldown"])
+    records = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert {"step": first.step, "extends": first.plan, "plan": {"minutes": 0.05, "from_step": first.step}} in records
+    # Stopped inside its cool-down, the extension continues to the weights of the one left alone
+    clock[0] = 0.0
+    with monkeypatch.context() as m:
+        m.setattr(trainer_module.Trainer, "train_step", _interrupted_at(plan["steps"] - plan["cooldown"] // 2))
+        with pytest.raises(KeyboardInterrupt):
+            Trainer(fast_config(tmp_path / "b", **more), progress=False).fit()
+    assert load_checkpoint(tmp_path / "b" / "checkpoint.pt").plan == plan
+    resumed = Trainer(fast_config(tmp_path / "b", **more), progress=False)
+    resumed.fit()
+    assert resumed.run.step == plan["steps"]
+    a, b = straight.run.model.state_dict(), resumed.run.model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)

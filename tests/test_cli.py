@@ -102,7 +102,7 @@ def test_rerunning_the_same_command_continues(tmp_path, capsys):
     code, err = run([*args, "--steps", 4], capsys)
     assert code == 0 and "continuing" in err and "from step 2" in err
     code, err = run([*args, "--steps", 4], capsys)
-    assert code == 0 and "already trained to step 4" in err
+    assert code == 0 and "already trained to step 4; raise --steps to continue" in err
     assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["step"] == 4
 
 

@@ -166,7 +166,8 @@ class TrainConfig:
     cooldown: int = 0
     # with `minutes`: the learning rate falls linearly to 0 over this last share of the time; the steps are
     # planned as the fall begins, from the run's steps per second, and kept in the checkpoint, so that a
-    # continuation follows the same schedule
+    # continuation follows the same schedule; a finished run given more `minutes` goes back to the peak rate
+    # and falls again over this share of the added time
     cooldown_frac: float | None = None
 
     # -- device: where the run computes, in which precision, compiled or not --

@@ -5,6 +5,12 @@ A `steps` run knows its schedule from the start. A `minutes` run with a cool-dow
 cannot: its step count depends on the machine's rate. It plans once, as late as the decay allows (when
 the steps the time left holds at the measured rate are the cool-down's share of the run), and keeps that
 plan in its checkpoint, so a continuation follows the same schedule.
+
+A finished `minutes` run given more minutes is extended: from the step it stopped at (the plan's
+``from_step``), the learning rate is back at its peak, with no new warm-up, and a new cool-down is
+planned over the last share of the added time, as a run of its own. It is not what one run of the
+whole time would have trained. The extension's plan is kept in the checkpoint like any other, so a
+stopped extension continues exactly.
 """
 
 from __future__ import annotations
@@ -50,25 +56,55 @@ class Clock:
 
 class Budget:
     """The stop rule and the learning-rate schedule of ``cfg``; ``plan`` is a continued run's (its checkpoint's
-    ``plan``), ``step`` the step it continues from."""
+    ``plan``), ``step`` the step it continues from and ``seconds`` the training time it has had.
 
-    def __init__(self, cfg: TrainConfig, step: int = 0, plan: dict | None = None, where: str = "the run"):
+    A plan is {"minutes", "from_step"} until its steps are planned, then also {"steps", "cooldown",
+    "planned_at", "steps_per_second"}; ``from_step`` (0 where absent) is where an extension began."""
+
+    def __init__(
+        self, cfg: TrainConfig, step: int = 0, plan: dict | None = None, where: str = "the run", seconds: float = 0.0
+    ):
         self.cfg = cfg
         self.total_seconds = cfg.minutes * 60 if cfg.minutes is not None else None  # the time budget, once
+        self.extended: dict | None = None  # the finished plan this invocation extends, if it does
         if plan is not None and plan["minutes"] != cfg.minutes:
-            # A new time budget is planned again, unless the old plan's cool-down has begun: then the
-            # schedule is fixed, as a `steps` run's is.
-            if step > plan["steps"] - plan["cooldown"]:
-                raise TinyDiTError(
-                    f"{where} is at step {step}, inside the learning-rate cool-down planned for "
-                    f"`minutes` {plan['minutes']} (steps {plan['steps']}), so its schedule is fixed: "
-                    f"finish it with `minutes` {plan['minutes']}, or train another run (`out`, "
-                    "`overwrite`)"
-                )
-            plan = None
+            plan = self._replan(plan, step, seconds, where)
         self.plan = plan
         self._start: tuple[int, float] = (step, 0.0)
         self._rate_from: tuple[int, float] | None = None
+
+    def _replan(self, plan: dict, step: int, seconds: float, where: str) -> dict | None:
+        """What becomes of ``plan`` under another time budget: planned again where nothing depended on it,
+        an extension where the run it planned has finished and time is left, else refused: inside its
+        cool-down, the schedule is fixed, as a `steps` run's is."""
+        cfg = self.cfg
+        if "steps" not in plan:  # an extension whose steps are not planned yet: it begins where it began
+            return {**plan, "minutes": cfg.minutes}
+        finished = step >= plan["steps"] or seconds >= plan["minutes"] * 60
+        if finished:
+            if self.total_seconds is not None and seconds < self.total_seconds:  # time added: an extension
+                self.extended = plan
+                return {"minutes": cfg.minutes, "from_step": step}
+            return plan  # no time added: it stays done
+        if step > plan["steps"] - plan["cooldown"]:
+            raise TinyDiTError(
+                f"{where} is at step {step}, inside the learning-rate cool-down planned for "
+                f"`minutes` {plan['minutes']} (steps {plan['steps']}), so its schedule is fixed: "
+                f"finish it with `minutes` {plan['minutes']} (a larger `minutes` then extends it), or train "
+                "another run (`out`, `overwrite`)"
+            )
+        return None  # planned again: no step done so far depended on it
+
+    def extension_note(self) -> str | None:
+        """The line that says this invocation extends a finished `minutes` run, and how; None where it does not."""
+        if self.extended is None:
+            return None
+        old, new, step = self.extended["minutes"], self.cfg.minutes, self.plan["from_step"]
+        return (
+            f"extending a finished {old:g}-minute run to {new:g} minutes from step {step}: the learning rate "
+            f"is back at its peak and falls again over the last {self.cfg.cooldown_frac:g} of the added time, "
+            f"so the run will not equal one run of {new:g} minutes"
+        )
 
     def compiles(self, device: torch.device) -> bool:
         """Whether this run compiles its model: a time budget long enough to win the compile time back."""
@@ -82,7 +118,7 @@ class Budget:
         return optim.lr_at(self.cfg, step, self.plan)
 
     def steps_done(self, step: int) -> bool:
-        if self.plan is not None and step >= self.plan["steps"]:
+        if self.plan is not None and step >= self.plan.get("steps", float("inf")):
             return True
         return self.cfg.steps is not None and step >= self.cfg.steps
 
@@ -99,14 +135,15 @@ class Budget:
 
         Planning as late as the decay allows uses the best measured rate; the steps before it do not
         depend on the plan (the rate is constant), so a continuation before it simply plans again."""
-        if self.plan is not None or not self.cfg.cooldown_frac:
+        if (self.plan is not None and "steps" in self.plan) or not self.cfg.cooldown_frac:
             return None
+        begun = self.plan or {"minutes": self.cfg.minutes}  # an extension's: where it began
         left, rate = self._steps_left(step, seconds)
-        if step == self._start[0] or left > self.cfg.cooldown_frac * (step + left):
+        if step == self._start[0] or left > self.cfg.cooldown_frac * (step - begun.get("from_step", 0) + left):
             return None
         left = max(left, 1)
         return {
-            "minutes": self.cfg.minutes,
+            **begun,
             "steps": step + left,
             "cooldown": left,
             "planned_at": step,
@@ -118,7 +155,7 @@ class Budget:
         mine = torch.tensor([due["steps"], due["cooldown"]] if due is not None else [0, 0])
         total, cooldown = (int(v) for v in world.sum(mine).tolist())
         self.plan = {
-            **(due or {"minutes": self.cfg.minutes, "steps_per_second": None}),
+            **(due or {**(self.plan or {"minutes": self.cfg.minutes}), "steps_per_second": None}),
             "steps": total,
             "cooldown": cooldown,
             "planned_at": step,

@@ -42,9 +42,10 @@ def ema_update(ema: nn.Module, model: nn.Module, decay: float) -> None:
 def lr_at(cfg: TrainConfig, step: int, plan: dict | None = None) -> float:
     """Linear warm-up to the peak, then constant (DiT trains at a constant rate); with ``cooldown`` C a
     linear fall over the last C steps, to lr / C at the last step (warmup-stable-decay). A time-budget
-    run's ``plan`` ({"steps", "cooldown"}, ``tinydit.train.trainer``) sets them once its rate is known."""
+    run's ``plan`` ({"steps", "cooldown"}, ``tinydit.train.budget``) sets them once its rate is known (an
+    extension's plan has none before that: the peak rate)."""
     lr = cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup))
-    steps, cooldown = (plan["steps"], plan["cooldown"]) if plan else (cfg.steps, cfg.cooldown)
+    steps, cooldown = (plan.get("steps"), plan.get("cooldown", 0)) if plan else (cfg.steps, cfg.cooldown)
     if cooldown and step >= steps - cooldown:
         lr *= max(steps - step, 1) / cooldown
     return lr

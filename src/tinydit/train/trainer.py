@@ -111,7 +111,8 @@ class Trainer:
         elif require_resume:
             raise TinyDiTError(f"`resume` given, but {self.ckpt_path} does not exist; drop `resume` to start a run")
         step, plan = (state.step, state.plan) if state is not None else (0, None)
-        self.budget = Budget(cfg, step, plan, str(self.out))
+        seconds = (state.train_seconds or 0.0) if state is not None else 0.0
+        self.budget = Budget(cfg, step, plan, str(self.out), seconds)
         self.compiled = self.budget.compiles(self.device)
         with self.world.main_first():  # rank 0 downloads, decodes and caches; the others then read its files
             self.data = prepare_data(cfg, state, dataset, val_dataset)
@@ -278,9 +279,13 @@ class Trainer:
         cfg, log, run, budget, world = self.cfg, self.log, self.run, self.budget, self.world
         self.clock = clock = Clock(run.train_seconds)
         if budget.done(run.step, clock()):
-            log.say(f"{self.out}: already trained to step {run.step}; raise --steps or --minutes to continue")
+            ended_by = "--steps" if cfg.steps is not None and run.step >= cfg.steps else "--minutes"
+            log.say(f"{self.out}: already trained to step {run.step}; raise {ended_by} to continue")
             return TrainResult(run.step, run.train_seconds, None, None, self.ckpt_path, None)
         log.announce(cfg, self.preset, self.data, run.model, run.step, self.device, self.compiled)
+        if budget.extension_note():  # a finished `minutes` run given more: said, and recorded where it began
+            log.say(budget.extension_note())
+            log.record({"step": run.step, "extends": budget.extended, "plan": budget.plan})
         log.start(cfg.steps, run.step)
         run.model.train()
         events = self.events
