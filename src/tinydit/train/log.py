@@ -97,18 +97,28 @@ class RunLog:
             print(message, file=sys.stderr)
 
     def announce(
-        self, cfg, preset: str, data: RunData, model: nn.Module, step: int, device: torch.device, compiled: bool
+        self,
+        cfg,
+        preset: str,
+        data: RunData,
+        model: nn.Module,
+        step: int,
+        device: torch.device,
+        precision: str,
+        compiled: bool,
     ) -> None:
-        """The start-up lines of a run of resolved config ``cfg``: what trains on what, or where it continues."""
+        """The start-up lines of a run of resolved config ``cfg``: what trains on what, or where it continues,
+        and on what (the device and precision `auto` chose, where they were auto)."""
+        where = f"{device} in {precision}"
         if step:
-            self.say(f"continuing {cfg.out} from step {step} on {device}")
+            self.say(f"continuing {cfg.out} from step {step} on {where}")
         else:
             what = f"{preset}, text-conditioned," if cfg.cond == "text" else preset
             held = f", {data.n_held_out} held out: {cfg.holdout}" if data.n_held_out else ""
             ds, params = data.train_set, count_params(model)
             self.say(
                 f"training {what} ({params / 1e6:.2f}M parameters) on {data.name} ({len(ds)} images, "
-                f"{ds.channels}x{ds.img_size}x{ds.img_size}{held}) on {device}; run directory {cfg.out}"
+                f"{ds.channels}x{ds.img_size}x{ds.img_size}{held}) on {where}; run directory {cfg.out}"
             )
         if compiled and cfg.compile == "auto" and device.type == "cpu":
             self.say(

@@ -282,7 +282,7 @@ class Trainer:
             ended_by = "--steps" if cfg.steps is not None and run.step >= cfg.steps else "--minutes"
             log.say(f"{self.out}: already trained to step {run.step}; raise {ended_by} to continue")
             return TrainResult(run.step, run.train_seconds, None, None, self.ckpt_path, None)
-        log.announce(cfg, self.preset, self.data, run.model, run.step, self.device, self.compiled)
+        log.announce(cfg, self.preset, self.data, run.model, run.step, self.device, run.precision, self.compiled)
         if budget.extension_note():  # a finished `minutes` run given more: said, and recorded where it began
             log.say(budget.extension_note())
             log.record({"step": run.step, "extends": budget.extended, "plan": budget.plan})
