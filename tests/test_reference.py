@@ -2,10 +2,12 @@
 each model still measures what its card says (the check its config.json records, drawn again here)."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
+import tinydit
 from tinydit import api
 from tinydit.cli import main
 from tinydit.eval.check import check_model
@@ -57,3 +59,19 @@ def test_sample_pretrained_draws_without_training_and_an_unknown_name_is_exit_2(
     assert not (tmp_path / "t.png").exists()
     model = api.from_pretrained(reference_folder("shapes"))
     assert not model.training and next(model.parameters()).dtype == torch.float32  # bf16 weights, loaded as fp32
+
+
+def test_pretrained_shapes_says_its_settings_in_one_short_line():
+    assert api.sampling_note(reference_folder("shapes")) == (
+        "sampling with ancestral, 64 steps, guidance 50 on t in [0.8, 1], eta 1: the checkpoint's recorded settings "
+        "(the best of nine settings by the strict shapes judge)"
+    )
+
+
+def test_no_shipped_file_cites_the_experiments_folder_which_is_not_shipped():
+    """What the package ships (code, records, reference models and their cards) cites only commands a user of the
+    installed package can run; the experiments live in the repository and the guide."""
+    package = Path(tinydit.__file__).parent
+    shipped = [p for p in package.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+    assert any(p.name == "sampling_records.json" for p in shipped) and any(p.suffix == ".safetensors" for p in shipped)
+    assert [str(p.relative_to(package)) for p in shipped if b"experiments/" in p.read_bytes()] == []

@@ -68,8 +68,7 @@ ADAPTIVE_C = 1e-3  # the adaptive weight 1 / (error + c) (paper, eq. 22 with p =
 # up nearly all of it (docs/few_step.md shows the measurement).
 TIME_SCALE = 30.0
 # What the target's derivative follows: the pair's velocity noise - x0 (the paper, and the trainer), or the
-# model's own instantaneous velocity (improved mean flows, Geng et al. 2025b; experiments/meanflow_levers.py
-# measured it, docs/few_step.md).
+# model's own instantaneous velocity (improved mean flows, Geng et al. 2025b; docs/few_step.md measures it).
 TANGENTS = ("conditional", "predicted")
 
 
