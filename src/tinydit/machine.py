@@ -98,7 +98,9 @@ def _warn_once(message: str) -> None:
     global _warned
     if not _warned:
         _warned = True
-        warnings.warn(message, stacklevel=3)
+        # Attributed to ``answer``, inside the package, where the CLI shows it as one line: its own caller may
+        # be torch's (``torch.compiler.disable``'s wrapper).
+        warnings.warn(message, stacklevel=2)
 
 
 def answer(probe: str, measure: Callable[[], bool]) -> bool:
@@ -131,6 +133,6 @@ def answer(probe: str, measure: Callable[[], bool]) -> bool:
         _warn_once(
             f"the machine record {path} cannot be kept ({err}); this run timed its kernels itself, so another run "
             f"on this machine may choose others and round differently (set {RECORD_ENV} to a writable file, or "
-            "pin TINYDIT_LINEAR_KERNEL and the precision)"
+            "pin TINYDIT_LINEAR_KERNEL and `precision`)"
         )
         return measure() if measured is None else measured
