@@ -24,6 +24,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # Compiled kernels of the tests go to a cache of their own (kept between runs of the suite on a machine, as
 # Inductor's own /tmp default is), not to the user's ~/.cache/tinydit/compile (tinydit.compiling).
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(tempfile.gettempdir()) / "tinydit-test-compile"))
+# The timing probes' answers likewise (tinydit.machine): not the user's ~/.cache/tinydit/machine.json, even where
+# the user has moved theirs.
+os.environ["TINYDIT_MACHINE_RECORD"] = str(Path(tempfile.gettempdir()) / "tinydit-test-machine.json")
 
 FAST = dict(
     preset="dit-0.2m",

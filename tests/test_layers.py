@@ -13,6 +13,7 @@ LEAVES = {
     "config",
     "runtime",
     "compiling",
+    "machine",
     "files",
     "images",
     "tokens",
@@ -22,11 +23,14 @@ LEAVES = {
     "flags",
 }
 # The ground floor: the configuration and the runtime import only these of the package (never models, flow,
-# data, train or eval, nor the other leaves).
+# data, train or eval, nor the other leaves). The runtime keeps its probes' answers in the machine record,
+# which is written through files.
 GROUND = {
     "tinydit.errors": set(),
-    "tinydit.compiling": set(),
-    "tinydit.runtime": {"tinydit.errors", "tinydit.compiling"},
+    "tinydit.files": {"tinydit.errors"},
+    "tinydit.machine": {"tinydit.errors", "tinydit.files"},
+    "tinydit.compiling": {"tinydit.machine"},
+    "tinydit.runtime": {"tinydit.errors", "tinydit.compiling", "tinydit.machine"},
     "tinydit.config": {"tinydit.errors", "tinydit.runtime", "tinydit.tokens"},
 }
 # What each layer may import (besides itself). The package root holds the version and get_device from the

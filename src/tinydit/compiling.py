@@ -34,6 +34,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from tinydit import machine
+
 __all__ = [
     "CACHE_ENV",
     "CompileGuard",
@@ -60,8 +62,7 @@ def cache_dir() -> Path:
 
 
 def _default_cache_dir() -> Path:
-    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return root / "tinydit" / "compile" / f"torch-{torch.__version__}"
+    return machine.cache_root() / "compile" / f"torch-{torch.__version__}"
 
 
 def _writable(path: Path) -> bool:

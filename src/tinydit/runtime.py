@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import nn
 
-from tinydit import compiling
+from tinydit import compiling, machine
 from tinydit.errors import TinyDiTError
 
 __all__ = [
@@ -104,8 +104,9 @@ class KernelSwitch:
 
     def __init__(self, what: str, choices: tuple[str, ...], warm_up: Callable[[], object] | None = None):
         self.what, self.choices, self.warm_up = what, ("auto", *choices), warm_up
-        # TINYDIT_<WHAT>_KERNEL pins the kernel for a whole process: two processes whose timing probes
-        # answer differently (a loaded machine) would otherwise train to weights that differ by rounding.
+        # TINYDIT_<WHAT>_KERNEL pins the kernel for a whole process, over what auto would choose (a timing
+        # probe's answer, kept per machine by tinydit.machine): so that runs on two machines, or where the
+        # record cannot be kept, use one kernel and do not differ by rounding.
         self.env = f"TINYDIT_{what.upper()}_KERNEL"
         self.forced = os.environ.get(self.env, "auto")
         if self.forced not in self.choices:  # read at import, before any error could be one clear line
@@ -146,12 +147,18 @@ BF16_MARGIN = 1.5
 @functools.lru_cache(maxsize=1)
 def cpu_bf16_is_faster() -> bool:
     """Whether a bf16 matmul of a DiT token layer's shape runs at least ``BF16_MARGIN`` times the fp32
-    rate on this CPU (a probe of about a tenth of a second, once per process)."""
-    if not cpu_has_native_bf16():
-        return False
+    rate on this CPU: timed once per machine (about a tenth of a second) and kept in the machine record
+    (``tinydit.machine``), so every run on the machine chooses alike."""
+    return cpu_has_native_bf16() and machine.answer("cpu_bf16_is_faster", _time_bf16)
+
+
+def _time_bf16() -> bool:
+    """The probe itself: bf16 against fp32 on a (4096 x 128) @ (128 x 512) product, the best of three each."""
+    g = torch.Generator().manual_seed(0)  # its own generator: a seeded run draws the same, probed or not
     rates = {}
     for dtype in (torch.float32, torch.bfloat16):
-        a, b = torch.randn(4096, 128, dtype=dtype), torch.randn(128, 512, dtype=dtype)
+        a = torch.randn(4096, 128, generator=g).to(dtype)
+        b = torch.randn(128, 512, generator=g).to(dtype)
         best = float("inf")
         for _ in range(3):  # the best of three: a busy moment slows one, not all
             start = time.perf_counter()

@@ -16,11 +16,11 @@ Backends, chosen per process with ``LINEAR.use(name)`` (``linear_backend``) (for
 - ``blas``: ``F.linear``.
 - ``onednn``: ``onednn_linear`` for inputs on a CPU, ``F.linear`` elsewhere.
 - ``auto`` (the default): ``onednn`` for fp32 inputs on a CPU outside autocast where a probe, run once
-  per process on first use (tens of milliseconds), timed oneDNN at least ``PROBE_SPEEDUP`` times faster than
-  BLAS; ``blas`` everywhere else. The margin keeps a machine where the two libraries are level on
-  BLAS, so that a noisy probe cannot flip the choice. Under bf16 autocast PyTorch already sends
-  linear maps to oneDNN, and in the trainer the convolution gained nothing there; on a GPU both go to
-  cuBLAS/cuDNN.
+  per machine on first use (tens of milliseconds) and kept in the machine record (``tinydit.machine``),
+  timed oneDNN at least ``PROBE_SPEEDUP`` times faster than BLAS; ``blas`` everywhere else. The margin
+  keeps a machine where the two libraries are level on BLAS, so that a noisy probe cannot flip the choice.
+  Under bf16 autocast PyTorch already sends linear maps to oneDNN, and in the trainer the convolution
+  gained nothing there; on a GPU both go to cuBLAS/cuDNN.
 
 PyTorch (2.14) hands a one-image fp32 convolution to oneDNN only above 20,480 input values and with
 more than one thread. Smaller inputs (one or two images) get its generic kernel, which copies them and
@@ -29,8 +29,10 @@ one thread every input gets that kernel, the probe times it too, and it
 finds nothing to gain.
 
 The two kernels sum in different orders, so their outputs differ by float32 rounding (about 1e-7
-relative). A training checkpoint records the kernel its run used, and a continuation on the same kind
-of device in the same precision keeps it (``tinydit.train.trainer``), so that it stays exact.
+relative). So the probe's answer is kept per machine: two runs of one command and seed on a machine use
+one kernel, whatever each process would time. A training checkpoint records the kernel its run used, and
+a continuation on the same kind of device in the same precision keeps it (``tinydit.train.trainer``), so
+that it stays exact on another machine too.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tinydit import machine
 from tinydit.runtime import KernelSwitch
 
 __all__ = [
@@ -56,7 +59,7 @@ __all__ = [
 ]
 
 PROBE_SPEEDUP = 1.15  # auto takes oneDNN only where the probe timed it at least this much faster
-_onednn_faster: bool | None = None  # the probe's answer, measured on first use
+_onednn_faster: bool | None = None  # the probe's answer, read or measured on first use
 
 
 def _pixels(x: torch.Tensor) -> torch.Tensor:
@@ -155,10 +158,11 @@ _onednn_linear_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def _probe(rounds: int = 5) -> bool:
-    """``_time_kernels`` never traced, even when a model is compiled before anything probed (disabled here,
-    at the first probe, and not at import: ``torch.compiler.disable`` imports TorchDynamo, seconds of start-up
-    that a process which never probes should not pay)."""
-    return torch.compiler.disable(_time_kernels)(rounds)
+    """The machine record's answer, else ``_time_kernels``' (then recorded), never traced, even when a model
+    is compiled before anything probed (disabled here, at the first probe, and not at import:
+    ``torch.compiler.disable`` imports TorchDynamo, seconds of start-up that a process which never probes
+    should not pay)."""
+    return torch.compiler.disable(machine.answer)("onednn_is_faster", lambda: _time_kernels(rounds))
 
 
 def _time_kernels(rounds: int) -> bool:
@@ -184,7 +188,8 @@ def _time_kernels(rounds: int) -> bool:
 
 
 def onednn_is_faster() -> bool:
-    """Whether auto sends fp32 CPU linear maps to oneDNN: the probe's answer, measured once per process.
+    """Whether auto sends fp32 CPU linear maps to oneDNN: the probe's answer, measured once per machine and
+    read from the machine record by every later process (``tinydit.machine``).
 
     ``tinydit.runtime.maybe_compile`` asks before compiling (``LINEAR.warm_up``), so that compiled code
     only reads the answer.
