@@ -37,6 +37,7 @@ from tinydit.eval.features import FEATURE_NETS, extract, load_feature_net
 from tinydit.eval.inception import InceptionFeatures
 from tinydit.eval.metrics import MIN_SAMPLES, feature_stats, frechet_distance, kid, precision_recall
 from tinydit.files import torch_save
+from tinydit.machine import cache_root
 from tinydit.images import to_uint8
 
 __all__ = [
@@ -52,7 +53,7 @@ __all__ = [
     "DEFAULT_CACHE",
 ]
 
-DEFAULT_CACHE = Path.home() / ".cache" / "tinydit"
+DEFAULT_CACHE = cache_root()  # beside the compile cache and the machine record: XDG_CACHE_HOME is honoured
 
 
 @dataclass(frozen=True)
