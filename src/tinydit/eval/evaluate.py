@@ -37,8 +37,8 @@ from tinydit.eval.features import FEATURE_NETS, extract, load_feature_net
 from tinydit.eval.inception import InceptionFeatures
 from tinydit.eval.metrics import MIN_SAMPLES, feature_stats, frechet_distance, kid, precision_recall
 from tinydit.files import torch_save
-from tinydit.machine import cache_root
 from tinydit.images import to_uint8
+from tinydit.machine import cache_root
 
 __all__ = [
     "EvalSpec",
