@@ -20,6 +20,8 @@ LEAVES = {
     "distributed",
     "version",
     "flags",
+    "schema",
+    "paths",
 }
 # The ground floor: the configuration and the runtime import only these of the package (never models, flow,
 # data, train or eval, nor the other leaves).
@@ -27,7 +29,8 @@ GROUND = {
     "tinydit.errors": set(),
     "tinydit.compiling": set(),
     "tinydit.runtime": {"tinydit.errors", "tinydit.compiling"},
-    "tinydit.config": {"tinydit.errors", "tinydit.runtime", "tinydit.tokens"},
+    "tinydit.schema": {"tinydit.errors"},  # the typed reading of stored configs, which config's own uses
+    "tinydit.config": {"tinydit.errors", "tinydit.runtime", "tinydit.tokens", "tinydit.schema"},
 }
 # What each layer may import (besides itself). The package root holds the version and get_device from the
 # leaves, and tinydit.from_pretrained, which calls the api's on first use.

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, fields
 
 from tinydit.errors import TinyDiTError
 from tinydit.runtime import COMPILE, PRECISIONS
+from tinydit.schema import build
 from tinydit.tokens import parse_phrases
 
 __all__ = [
@@ -333,8 +334,8 @@ class TrainConfig:
         return {name: value for name, value in switches.items() if value is not None}
 
     @classmethod
-    def from_dict(cls, d: dict) -> TrainConfig:
+    def from_dict(cls, d: dict, key: str = "train_config") -> TrainConfig:
         """A stored (resolved) config, such as a checkpoint's (``tinydit.models.checkpoint.Checkpoint.train``,
-        which upgrades what older releases stored); a field this release no longer has is left out."""
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
+        which upgrades what older releases stored), its types and values checked, errors naming ``key`` and
+        the field; a field this release no longer has is left out."""
+        return build(cls, d, key, unknown="drop")
