@@ -219,3 +219,38 @@ def test_console_script_and_module_entry_point():
     assert not imported & {"matplotlib", "tensorboard", "onnx", "onnxruntime", "onnxscript", "torchvision"}, imported
     res = subprocess.run(["tinydit", "sample", "--checkpoint", "nope.pt"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "does not exist" in res.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        # an empty --pretrained was taken for "not given", and None went on to a traceback
+        (["sample", "--pretrained", ""], "--pretrained is empty: give the name of a model shipped with tinydit"),
+        (["sample", "--checkpoint", " "], "--checkpoint is ' ': give a checkpoint.pt, a run directory or"),
+        (["sample", "--checkpoint", "CKPT", "--out", ""], "--out is empty: give the file or folder to write"),
+        (["sample", "--checkpoint", "CKPT", "--class", ""], "--class '' holds a blank name"),
+        (["sample", "--pretrained", "shapes-text", "--prompt", " "], "an empty prompt would sample with no caption"),
+        (["eval", "--checkpoint", "CKPT", "--data", "", "--out", "OUT/e"], "--data is empty"),
+        (["eval", "--samples", "\t", "--data", "shapes", "--out", "OUT/e"], "--samples is '\\t'"),
+        (["sweep", "--checkpoint", "", "--out", "OUT/s"], "--checkpoint is empty"),
+        (["export", "--checkpoint", "CKPT", "--format", "safetensors", "--out", "  "], "--out is '  '"),
+        (["train", "--out", ""], "--out is empty: give the run directory"),
+        (["train", "--data", " ", "--out", "OUT/r"], "--data is ' '"),
+        (["train", "--few-step", "distill", "--teacher", "", "--out", "OUT/r"], "--teacher is empty"),
+        (["report", ""], "run_dir is empty: give a run directory"),
+    ],
+)
+def test_a_blank_name_or_path_is_refused_by_name_in_every_command(
+    args, message, tmp_path, capsys, tiny_run, monkeypatch
+):
+    args = [str(tiny_run[0] / "checkpoint.pt") if a == "CKPT" else a.replace("OUT", str(tmp_path)) for a in args]
+    monkeypatch.chdir(tmp_path)  # where a blank path would have written
+    code, err = run(args, capsys)
+    assert code == 2 and err.count("\n") == 1 and message in err, err
+    assert list(tmp_path.iterdir()) == []  # nothing written, not even into the current folder
+
+
+def test_a_path_with_spaces_stays_a_path(tmp_path, capsys, tiny_run):
+    out = tmp_path / "my samples" / "a b.png"
+    code, err = run(["sample", "--checkpoint", tiny_run[0], "--n", 2, "--steps", 1, "--out", out], capsys)
+    assert code == 0 and out.is_file(), err

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,7 @@ from tinydit.models import checkpoint as checkpoints
 from tinydit.models.pretrained import reference_folder
 from tinydit.models.registry import preset_rows
 from tinydit.runtime import autocast, maybe_compile, resolve_compile, resolve_device, resolve_precision
+from tinydit.schema import check_text
 from tinydit.train import Trainer, TrainResult
 from tinydit.train.resolve import CHOICES as TRAIN_CHOICES
 
@@ -67,6 +69,30 @@ __all__ = [
     "SAMPLER_NAMES",
     "GRID_NAMES",
 ]
+
+
+# What each name or path parameter of the commands takes, for the line that refuses a blank one.
+GIVEN = {
+    "checkpoint": "a checkpoint.pt, a run directory or a pretrained folder",
+    "samples": "an .npz or a folder of images",
+    "out": "the file or folder to write",
+    "data": "a data set (shapes, fashion-mnist, cifar10) or a folder of images",
+    "data_root": "the folder where data sets are kept",
+    "root": "the folder where data sets are kept",
+    "cache_dir": "the folder for cached reference features",
+    "inception_weights": "a file of Inception weights",
+    "metrics": "an evaluation's metrics.json",
+    "ort_web": "the dist folder of onnxruntime-web",
+    "run_dir": "a run directory",
+}
+
+
+def _given(**values) -> None:
+    """Refuse a blank name or path by its parameter (``tinydit.schema.check_text``): an empty string is not
+    "not given", and a blank path would be the current folder. None is a parameter not given."""
+    for name, value in values.items():
+        if isinstance(value, (str, os.PathLike)):
+            check_text(value, name, GIVEN[name])
 
 
 def train(
@@ -94,6 +120,7 @@ def load_model(
 ) -> tuple[nn.Module, checkpoints.Checkpoint]:
     """The checkpoint's model (a DiT or an MMDiT; EMA weights by default) in eval mode, and its
     ``tinydit.models.checkpoint.Checkpoint`` (the run's configs, data record, sampler settings, ...)."""
+    _given(checkpoint=checkpoint)
     return checkpoints.load_model(checkpoint, ema=ema, map_location=resolve_device(device))
 
 
@@ -140,6 +167,7 @@ def sample(
     or caption at all (the null label, the empty caption); an empty prompt is refused without it.
 
     Under torchrun every process samples its share of the images and rank 0 writes them (``tinydit.distributed``)."""
+    _given(checkpoint=checkpoint, out=out)
     check_seed(seed)
     if nrow is not None and nrow < 1:
         raise TinyDiTError(f"`nrow` must be >= 1, got {nrow}")
@@ -194,6 +222,8 @@ def evaluate(
     return an empty dict."""
     if (checkpoint is None) == (samples is None):
         raise TinyDiTError("give one of `checkpoint` (to sample and score) or `samples` (to score existing images)")
+    _given(checkpoint=checkpoint, samples=samples, out=out, data=data, data_root=data_root, cache_dir=cache_dir)
+    _given(inception_weights=inception_weights)
     check_seed(seed)
     if (checkpoint or samples) and not Path(checkpoint or samples).exists():
         raise TinyDiTError(
@@ -244,6 +274,7 @@ def sweep(
     """Quality against model evaluations for every sampler x steps x guidance combination
     (``tinydit.eval.sweep``); writes sweep.csv, sweep.md, sweep.json and sweep.png into ``out``. With
     ``apply``, the best setting within ``max_nfe`` evaluations per image becomes the checkpoint's record."""
+    _given(checkpoint=checkpoint, out=out, root=kwargs.get("root"), cache_dir=kwargs.get("cache_dir"))
     check_seed(kwargs.get("seed", 0))
     if not (math.isfinite(max_nfe) and max_nfe >= 1):
         raise TinyDiTError(f"`max_nfe` must be a number >= 1, got {max_nfe}")
@@ -286,6 +317,7 @@ def export(
 ) -> Path:
     """The checkpoint's velocity model as a pretrained safetensors folder, ONNX, a torch.export program, or a
     web page (``tinydit.export``)."""
+    _given(checkpoint=checkpoint, out=out, ort_web=ort_web, metrics=metrics)
     return export_model(checkpoint, format, out, ema=ema, ort_web=ort_web, dtype=dtype, metrics=metrics, about=about)
 
 
@@ -308,4 +340,5 @@ def presets() -> list[dict]:
 
 def report(run_dir: str | Path) -> Path:
     """Write ``run_dir``/report.html (``tinydit.eval.run_report``): one self-contained page of the run."""
+    _given(run_dir=run_dir)
     return write_run_report(run_dir)

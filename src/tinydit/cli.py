@@ -190,7 +190,9 @@ def _call(fn, args: argparse.Namespace, **given):
     cli_only = ("func", "argv", "command", "pretrained", "nproc")
     kw = {k: v for k, v in vars(args).items() if k in params or (passes_on and k not in cli_only)}
     if "checkpoint" in kw:  # --checkpoint, or the folder of --pretrained NAME
-        kw["checkpoint"] = api.pretrained(args.pretrained) if getattr(args, "pretrained", None) else args.checkpoint
+        # "" names a model too (a blank one, which the library refuses): only None is --pretrained not given
+        named = getattr(args, "pretrained", None) is not None
+        kw["checkpoint"] = api.pretrained(args.pretrained) if named else args.checkpoint
     return fn(**{**kw, **given})
 
 

@@ -121,6 +121,8 @@ def resolve_labels(specs: list[str] | None, classes: list[str], n: int) -> torch
     for spec in specs:
         for item in str(spec).split(","):
             item = item.strip()
+            if not item:
+                raise TinyDiTError(f"`classes` {spec!r} holds a blank name: give class names or ids, comma-separated")
             if item.isdigit() and int(item) < len(classes):
                 ids.append(int(item))
             elif item.lower() in lookup:

@@ -25,7 +25,7 @@ import torch
 
 from tinydit.errors import TinyDiTError
 from tinydit.files import atomic_write, ensure_writable_dir, write_text
-from tinydit.schema import check_fields, check_value, reading
+from tinydit.schema import check_fields, check_text, check_value, reading
 from tinydit.version import __version__
 
 __all__ = [
@@ -75,6 +75,7 @@ def reference_models() -> list[str]:
 def reference_folder(name: str) -> Path:
     """The folder of the reference model called ``name``."""
     names = reference_models()
+    check_text(name, "pretrained", f"the name of a model shipped with tinydit ({', '.join(names) or 'none'})")
     if name not in names:
         raise TinyDiTError(
             f"unknown `pretrained` model {name!r}: this tinydit ships {', '.join(names) or 'none'}; "
