@@ -103,6 +103,11 @@ def test_rerunning_the_same_command_continues(tmp_path, capsys):
     assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["step"] == 4
 
 
+def _empty_folder(tmp_path):
+    (tmp_path / "empty").mkdir()  # beside the run directory: a run inside its data folder is refused first
+    return tmp_path / "empty"
+
+
 def _folder_with_only_corrupt_files(tmp_path):
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "x.png").write_bytes(b"nope")
@@ -118,7 +123,7 @@ def _not_a_checkpoint(tmp_path):
     "make_args, message",
     [
         (lambda p: ["train", "--data", "cifar10", "--data-root", p / "empty", "--out", p / "r"], "CIFAR-10 is not in"),
-        (lambda p: ["train", "--data", p, "--out", p / "r"], "no images found"),
+        (lambda p: ["train", "--data", _empty_folder(p), "--out", p / "r"], "no images found"),
         (lambda p: ["train", "--data", _folder_with_only_corrupt_files(p), "--out", p / "r"], "1 unreadable images"),
         (lambda p: ["train", "--data", "mnist-ish", "--out", p / "r"], "unknown data set 'mnist-ish'"),
         (lambda p: ["train", "--preset", "huge", "--out", p / "r"], "unknown preset"),

@@ -134,8 +134,8 @@ class Checkpoint:
 
     @classmethod
     def _load(cls, path: Path, map_location) -> Checkpoint:
-        if path.is_dir() and not (path / pretrained.WEIGHTS).exists() and (path / "checkpoint.pt").is_file():
-            path = path / "checkpoint.pt"  # a run directory
+        if path.is_dir() and (path / "checkpoint.pt").is_file():
+            path = path / "checkpoint.pt"  # a run directory (its own checkpoint, whatever else was put there)
         elif (
             path.is_dir()
             or path.name in (pretrained.CONFIG, pretrained.WEIGHTS)

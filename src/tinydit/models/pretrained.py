@@ -17,6 +17,7 @@ Reading never unpickles: only safetensors and JSON are read.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ import torch
 
 from tinydit.errors import TinyDiTError
 from tinydit.files import atomic_write, ensure_writable_dir, write_text
+from tinydit.paths import SHIPPED
 from tinydit.schema import check_fields, check_text, check_value, reading
 from tinydit.version import __version__
 
@@ -43,6 +45,8 @@ __all__ = [
     "is_hub_id",
     "reference_models",
     "reference_folder",
+    "parameter_count",
+    "rewrite_sampling",
 ]
 
 FORMAT = "tinydit-pretrained"
@@ -64,7 +68,8 @@ KEPT = (
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # owner/name
 # Reference models shipped in the package (``tinydit sample --pretrained NAME``), each a pretrained folder
 # trained by the documented command; its model card says which, on what machine, and what it measures.
-REFERENCE = Path(__file__).parent.parent / "reference"
+# No command writes there (``tinydit.paths``): scripts/make_reference.py copies a new one in.
+REFERENCE = SHIPPED
 
 
 def reference_models() -> list[str]:
@@ -249,6 +254,25 @@ def _check_weights_record(record: dict | None, weights: dict) -> None:
     found = sorted({str(t.dtype).removeprefix("torch.") for t in weights.values() if t.is_floating_point()})
     if found and found != [dtype]:
         raise TinyDiTError(f"weights.dtype says {dtype!r}, and {WEIGHTS} holds {', '.join(found)} tensors")
+
+
+def parameter_count(weights: str | Path) -> int:
+    """The number of parameters a model.safetensors holds, from its header alone."""
+    from safetensors import safe_open
+
+    with safe_open(weights, "pt") as f:
+        return sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+
+
+def rewrite_sampling(folder: str | Path, sampling: dict) -> None:
+    """Record ``sampling`` (``tinydit.flow.settings.SamplingSettings.to_json``) as a pretrained folder's sampler
+    settings, in the folder's own format: config.json's ``sampling`` and the model card that shows them are
+    written again, everything else in them as it was; model.safetensors is not touched."""
+    folder = Path(folder)
+    config = json.loads((folder / CONFIG).read_text())
+    config["sampling"] = sampling
+    write_text(folder / CONFIG, json.dumps(config, indent=1) + "\n")
+    write_text(folder / CARD, model_card(config, parameter_count(folder / WEIGHTS)))
 
 
 def _fmt(value) -> str:
