@@ -4,9 +4,11 @@
     python scripts/make_reference.py shapes runs/shapes/checkpoint.pt \
         --about "Trained with ... on a 2-core ... CPU, torch ..., DATE"
 
-It exports the run's EMA weights as a pretrained folder in bfloat16 into ``src/tinydit/reference/NAME``,
-measures it with ``tinydit eval`` (``--n`` samples, the recorded sampler settings; the card shows these
-numbers), and records a small check in its config.json: the check of ``tinydit.eval.check`` on ``--check-n`` samples
+It exports the run's EMA weights as a pretrained folder in bfloat16, measures it with ``tinydit eval``
+(``--n`` samples, the recorded sampler settings; the card shows these numbers), exports it again with
+those numbers on its card (``overwrite``: the same folder), copies the folder into
+``src/tinydit/reference/NAME`` (no tinydit command writes a shipped model: this script alone does) and
+records a small check in its config.json: the check of ``tinydit.eval.check`` on ``--check-n`` samples
 drawn in fp32, which ``tests/test_reference.py`` draws again, so that the card, the weights and the code
 cannot drift apart. Class models of shapes and Fashion-MNIST, text models of shapes.
 """
@@ -19,7 +21,8 @@ import tempfile
 from pathlib import Path
 
 from tinydit import api
-from tinydit.models.pretrained import CONFIG, REFERENCE
+from tinydit.files import atomic_write
+from tinydit.models.pretrained import CARD, CONFIG, REFERENCE, WEIGHTS, model_card, parameter_count
 
 
 def check(folder: Path, n: int, steps: int | None = None) -> dict:
@@ -69,20 +72,22 @@ def main() -> None:
                 command=(f"tinydit eval --pretrained {args.name} --n {args.n} --seed 0 --out eval/{args.name}"),
             )
             metrics = Path(tmp) / "eval" / "metrics.json"
-        api.export(args.checkpoint, "safetensors", folder, dtype="bfloat16", metrics=metrics, about=args.about)
+        card = dict(metrics=metrics, about=args.about, overwrite=True)
+        _install(api.export(args.checkpoint, "safetensors", staged, dtype="bfloat16", **card), folder)
     _record_check(folder, args.check_n, args.check_steps)
+
+
+def _install(staged: Path, folder: Path) -> None:
+    """The staged export copied into the package, file by file, each written whole (``atomic_write``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in (WEIGHTS, CONFIG, CARD):
+        with atomic_write(folder / name) as f:
+            f.write((staged / name).read_bytes())
 
 
 def _write_card(folder: Path) -> None:
     """The card written again from the folder's config.json and its weights' parameter count."""
-    import math
-
-    from safetensors import safe_open
-
-    from tinydit.models.pretrained import CARD, WEIGHTS, model_card
-
-    with safe_open(folder / WEIGHTS, "pt") as f:
-        n_params = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+    n_params = parameter_count(folder / WEIGHTS)
     (folder / CARD).write_text(model_card(json.loads((folder / CONFIG).read_text()), n_params))
     print(folder / CARD)
 

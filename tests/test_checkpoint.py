@@ -65,6 +65,19 @@ def test_written_back_it_holds_the_upgrade_and_keeps_what_it_does_not_know(tmp_p
         (dict(model=None, ema=None), "lacks model"),
         (dict(step=None), "lacks step"),
         (dict(model_config={"dim": 64, "wings": 2}), "unknown DiT config keys \\['wings'\\]"),
+        # a wrong type is named with its key and value, not a TypeError from where it is used
+        (dict(model_config={"dim": "64"}), "older.pt: model_config.dim must be an integer, got '64'"),
+        (dict(data={"name": "shapes", "classes": 4}), "older.pt: data.classes must be a list of strings, got 4"),
+        (dict(step="60"), "older.pt: step must be an integer, got '60'"),
+        (dict(train_config={"steps": 0}), "older.pt: train_config.steps must be >= 1, got 0"),
+        (dict(model_type="vit"), "older.pt: model_type: unknown model 'vit'"),
+        # the records against each other: five names for four classes would draw the null label as "dragon"
+        (
+            dict(data={"name": "shapes", "classes": ["circle", "square", "triangle", "cross", "dragon"]}),
+            "data.classes names 5 classes .* for a model of model_config.n_classes 4",
+        ),
+        (dict(data={"name": "shapes", "classes": ["a", "b", "c", "d"], "img_size": 28}), "data.img_size 28 disagrees"),
+        (dict(tokenizer={"vocab": ["a"], "max_len": 2}), "tokenizer is given for a model of model_config.cond class"),
     ],
 )
 def test_a_damaged_file_is_refused_by_name(tmp_path, changes, message):
@@ -78,3 +91,23 @@ def test_a_pretrained_folder_reads_as_a_checkpoint_that_cannot_be_continued():
     assert ckpt.source.endswith("model.safetensors") and ckpt.data.name == "shapes"
     assert ckpt.sampling is not None and ckpt.weights(ema=True) is ckpt.ema
     assert ckpt.missing_to_continue == ["optimizer", "rng"]  # sampling's part only
+
+
+def test_weights_of_another_type_or_not_finite_are_refused_where_they_are_read(tmp_path):
+    raw = torch.load(FIXTURE, weights_only=True)
+    name = next(k for k, v in raw["ema"].items() if v.dim() == 2)
+    for tensor, message in (
+        (torch.full_like(raw["ema"][name], float("nan")), f"hold NaN or infinite values \\({name}\\)"),
+        (raw["ema"][name].to(torch.int64), f"wrong type {name} int64"),
+        ([0.0], f"not a tensor {name}"),
+    ):
+        path = _older(tmp_path, ema={**raw["ema"], name: tensor})
+        with pytest.raises(TinyDiTError, match=f"the weights in {path} do not fit|the weights in {path} hold"):
+            Checkpoint.load(path)
+        with pytest.raises(TinyDiTError, match=message):
+            Checkpoint.load(path)
+    # a config edited to a huge width is refused without allocating it (the shapes come from the meta device)
+    for dim, message in ((2**20, "wrong shape"), (2**40, "too large to exist")):
+        path = _older(tmp_path, model_config={**raw["model_config"], "dim": dim, "n_heads": 2})
+        with pytest.raises(TinyDiTError, match=message):
+            Checkpoint.load(path)

@@ -106,6 +106,11 @@ def test_rerunning_the_same_command_continues(tmp_path, capsys):
     assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["step"] == 4
 
 
+def _empty_folder(tmp_path):
+    (tmp_path / "empty").mkdir()  # beside the run directory: a run inside its data folder is refused first
+    return tmp_path / "empty"
+
+
 def _folder_with_only_corrupt_files(tmp_path):
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "x.png").write_bytes(b"nope")
@@ -121,7 +126,7 @@ def _not_a_checkpoint(tmp_path):
     "make_args, message",
     [
         (lambda p: ["train", "--data", "cifar10", "--data-root", p / "empty", "--out", p / "r"], "CIFAR-10 is not in"),
-        (lambda p: ["train", "--data", p, "--out", p / "r"], "no images found"),
+        (lambda p: ["train", "--data", _empty_folder(p), "--out", p / "r"], "no images found"),
         (lambda p: ["train", "--data", _folder_with_only_corrupt_files(p), "--out", p / "r"], "1 unreadable images"),
         (lambda p: ["train", "--data", "mnist-ish", "--out", p / "r"], "unknown data set 'mnist-ish'"),
         (lambda p: ["train", "--preset", "huge", "--out", p / "r"], "unknown preset"),
@@ -263,3 +268,38 @@ def test_train_help_says_each_default_and_no_experiment_history():
     # the words of the pattern do catch what the help once said
     assert HISTORY.search("logit-normal for text runs (it raised MMDiT's all-attribute accuracy on shapes)")
     assert HISTORY.search("a 2026-12-03 run") and HISTORY.search("fixed in 62bc02f")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        # an empty --pretrained was taken for "not given", and None went on to a traceback
+        (["sample", "--pretrained", ""], "--pretrained is empty: give the name of a model shipped with tinydit"),
+        (["sample", "--checkpoint", " "], "--checkpoint is ' ': give a checkpoint.pt, a run directory or"),
+        (["sample", "--checkpoint", "CKPT", "--out", ""], "--out is empty: give the file or folder to write"),
+        (["sample", "--checkpoint", "CKPT", "--class", ""], "--class '' holds a blank name"),
+        (["sample", "--pretrained", "shapes-text", "--prompt", " "], "an empty prompt would sample with no caption"),
+        (["eval", "--checkpoint", "CKPT", "--data", "", "--out", "OUT/e"], "--data is empty"),
+        (["eval", "--samples", "\t", "--data", "shapes", "--out", "OUT/e"], "--samples is '\\t'"),
+        (["sweep", "--checkpoint", "", "--out", "OUT/s"], "--checkpoint is empty"),
+        (["export", "--checkpoint", "CKPT", "--format", "safetensors", "--out", "  "], "--out is '  '"),
+        (["train", "--out", ""], "--out is empty: give the run directory"),
+        (["train", "--data", " ", "--out", "OUT/r"], "--data is ' '"),
+        (["train", "--few-step", "distill", "--teacher", "", "--out", "OUT/r"], "--teacher is empty"),
+        (["report", ""], "run_dir is empty: give a run directory"),
+    ],
+)
+def test_a_blank_name_or_path_is_refused_by_name_in_every_command(
+    args, message, tmp_path, capsys, tiny_run, monkeypatch
+):
+    args = [str(tiny_run[0] / "checkpoint.pt") if a == "CKPT" else a.replace("OUT", str(tmp_path)) for a in args]
+    monkeypatch.chdir(tmp_path)  # where a blank path would have written
+    code, err = run(args, capsys)
+    assert code == 2 and err.count("\n") == 1 and message in err, err
+    assert list(tmp_path.iterdir()) == []  # nothing written, not even into the current folder
+
+
+def test_a_path_with_spaces_stays_a_path(tmp_path, capsys, tiny_run):
+    out = tmp_path / "my samples" / "a b.png"
+    code, err = run(["sample", "--checkpoint", tiny_run[0], "--n", 2, "--steps", 1, "--out", out], capsys)
+    assert code == 0 and out.is_file(), err

@@ -21,6 +21,8 @@ LEAVES = {
     "distributed",
     "version",
     "flags",
+    "schema",
+    "paths",
 }
 # The ground floor: the configuration and the runtime import only these of the package (never models, flow,
 # data, train or eval, nor the other leaves). The runtime keeps its probes' answers in the machine record,
@@ -31,7 +33,8 @@ GROUND = {
     "tinydit.machine": {"tinydit.errors", "tinydit.files"},
     "tinydit.compiling": {"tinydit.machine"},
     "tinydit.runtime": {"tinydit.errors", "tinydit.compiling", "tinydit.machine"},
-    "tinydit.config": {"tinydit.errors", "tinydit.runtime", "tinydit.tokens"},
+    "tinydit.schema": {"tinydit.errors"},  # the typed reading of stored configs, which config's own uses
+    "tinydit.config": {"tinydit.errors", "tinydit.runtime", "tinydit.tokens", "tinydit.schema"},
 }
 # What each layer may import (besides itself). The package root holds the version and get_device from the
 # leaves, and tinydit.from_pretrained, which calls the api's on first use.

@@ -2,6 +2,8 @@
 samples, load without unpickling, and every bad input is one line naming the file, exit 2, nothing written."""
 
 import json
+import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -157,3 +159,56 @@ def test_a_run_directory_stands_for_its_checkpoint(tiny_run):
     out, _ = tiny_run
     a, b = api.sample(out, 4, seed=0).x, api.sample(out / "checkpoint.pt", 4, seed=0).x
     assert torch.equal(a, b)
+
+
+def _edited(folder: Path, tmp_path: Path, edit) -> Path:
+    """A copy of ``folder`` whose config.json ``edit`` changed in place (the weights as exported)."""
+    copy = tmp_path / "edited"
+    shutil.copytree(folder, copy)
+    config = json.loads((copy / CONFIG).read_text())
+    edit(config)
+    (copy / CONFIG).write_text(json.dumps(config))
+    return copy
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda c: c["model_config"].update(dim="64"), "model_config.dim must be an integer, got '64'"),
+        (lambda c: c["data"].update(classes=4), "data.classes must be a list of strings, got 4"),
+        (lambda c: c["model_config"].update(mlp_ratio=float("nan")), "model_config.mlp_ratio must be a finite number"),
+        (lambda c: c["weights"].update(dtype="bfloat16"), "weights.dtype says 'bfloat16', and model.safetensors holds"),
+        # the sampler settings are read where they are used (tinydit.flow.settings): the model itself loads
+        (lambda c: c["sampling"].update(steps="8"), "sampling.steps must be an integer, got '8'"),
+    ],
+)
+def test_a_wrongly_typed_value_in_config_json_is_one_line_naming_the_file_key_and_value(
+    edit, message, folders, tmp_path, capsys
+):
+    bad = _edited(folders["dit-0.2m"], tmp_path, edit)
+    expected = f"{bad / CONFIG}: {message}"
+    loads = (tinydit.from_pretrained, load_checkpoint) if not message.startswith("sampling") else ()
+    for load in (*loads, lambda p: api.sample(p, 2, steps=1)):
+        with pytest.raises(TinyDiTError, match=re.escape(expected)):
+            load(bad)
+    out = tmp_path / "x.png"
+    assert main(["sample", "--checkpoint", str(bad), "--n", "4", "--steps", "2", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and expected in err and "; fix it, or " in err, err
+    assert not out.exists()
+
+
+def test_class_names_that_disagree_with_the_weights_are_refused_not_drawn(folders, tmp_path, capsys):
+    # Five names for weights of four classes: "dragon" was label 4, the null label, and drew what
+    # --unconditional draws; --unconditional itself passed label 5 to an embedding of five rows.
+    bad = _edited(folders["dit-0.2m"], tmp_path, lambda c: c["data"]["classes"].append("dragon"))
+    message = "data.classes names 5 classes (circle, square, triangle, cross, dragon) for a model of "
+    message += "model_config.n_classes 4"
+    for args in (["--class", "dragon"], ["--unconditional"], []):
+        out = tmp_path / "x.png"
+        assert main(["sample", "--checkpoint", str(bad), *args, "--n", "4", "--steps", "2", "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err and str(bad / CONFIG) in err, err
+        assert not out.exists()
+    with pytest.raises(TinyDiTError, match=re.escape(message)):
+        tinydit.from_pretrained(bad)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,7 @@ from tinydit.eval.evaluate import evaluate as evaluate_images
 from tinydit.eval.report import write_report
 from tinydit.eval.run_report import write_run_report
 from tinydit.eval.sampling import generate_for_eval
-from tinydit.eval.sweep import best_setting, run_sweep, sweep_rows
+from tinydit.eval.sweep import best_setting, check_sweep, run_sweep, sweep_rows
 from tinydit.export import export as export_model
 from tinydit.files import RunDirLock, ensure_writable_dir
 from tinydit.flow.distill import warn_if_untrained_settings
@@ -44,9 +45,11 @@ from tinydit.flow.grids import GRID_NAMES
 from tinydit.flow.samplers import SAMPLER_NAMES
 from tinydit.flow.settings import SamplingSettings
 from tinydit.models import checkpoint as checkpoints
-from tinydit.models.pretrained import reference_folder
+from tinydit.models.pretrained import CONFIG, WEIGHTS, is_hub_id, reference_folder, rewrite_sampling
 from tinydit.models.registry import preset_rows
+from tinydit.paths import check_not_shipped, check_out, read_paths
 from tinydit.runtime import autocast, maybe_compile, resolve_compile, resolve_device, resolve_precision
+from tinydit.schema import check_text
 from tinydit.train import Trainer, TrainResult
 from tinydit.train.resolve import CHOICES as TRAIN_CHOICES
 from tinydit.train.resolve import RESOLVED_DEFAULTS as TRAIN_DEFAULTS
@@ -69,6 +72,30 @@ __all__ = [
     "SAMPLER_NAMES",
     "GRID_NAMES",
 ]
+
+
+# What each name or path parameter of the commands takes, for the line that refuses a blank one.
+GIVEN = {
+    "checkpoint": "a checkpoint.pt, a run directory or a pretrained folder",
+    "samples": "an .npz or a folder of images",
+    "out": "the file or folder to write",
+    "data": "a data set (shapes, fashion-mnist, cifar10) or a folder of images",
+    "data_root": "the folder where data sets are kept",
+    "root": "the folder where data sets are kept",
+    "cache_dir": "the folder for cached reference features",
+    "inception_weights": "a file of Inception weights",
+    "metrics": "an evaluation's metrics.json",
+    "ort_web": "the dist folder of onnxruntime-web",
+    "run_dir": "a run directory",
+}
+
+
+def _given(**values) -> None:
+    """Refuse a blank name or path by its parameter (``tinydit.schema.check_text``): an empty string is not
+    "not given", and a blank path would be the current folder. None is a parameter not given."""
+    for name, value in values.items():
+        if isinstance(value, (str, os.PathLike)):
+            check_text(value, name, GIVEN[name])
 
 
 def train(
@@ -96,6 +123,7 @@ def load_model(
 ) -> tuple[nn.Module, checkpoints.Checkpoint]:
     """The checkpoint's model (a DiT or an MMDiT; EMA weights by default) in eval mode, and its
     ``tinydit.models.checkpoint.Checkpoint`` (the run's configs, data record, sampler settings, ...)."""
+    _given(checkpoint=checkpoint)
     return checkpoints.load_model(checkpoint, ema=ema, map_location=resolve_device(device))
 
 
@@ -143,6 +171,9 @@ def sample(
     or caption at all (the null label, the empty caption); an empty prompt is refused without it.
 
     Under torchrun every process samples its share of the images and rank 0 writes them (``tinydit.distributed``)."""
+    _given(checkpoint=checkpoint, out=out)
+    if out is not None:
+        check_out(out, "samples", read_paths(checkpoint))
     check_seed(seed)
     if nrow is not None and nrow < 1:
         raise TinyDiTError(f"`nrow` must be >= 1, got {nrow}")
@@ -197,6 +228,10 @@ def evaluate(
     return an empty dict."""
     if (checkpoint is None) == (samples is None):
         raise TinyDiTError("give one of `checkpoint` (to sample and score) or `samples` (to score existing images)")
+    _given(checkpoint=checkpoint, samples=samples, out=out, data=data, data_root=data_root, cache_dir=cache_dir)
+    _given(inception_weights=inception_weights)
+    data_folder = data if data is not None and Path(data).is_dir() else None
+    check_out(out, "evaluation", read_paths(checkpoint, samples, data_folder, inception_weights))
     check_seed(seed)
     if (checkpoint or samples) and not Path(checkpoint or samples).exists():
         raise TinyDiTError(
@@ -247,34 +282,72 @@ def sweep(
     """Quality against model evaluations for every sampler x steps x guidance combination
     (``tinydit.eval.sweep``); writes sweep.csv, sweep.md, sweep.json and sweep.png into ``out``. With
     ``apply``, the best setting within ``max_nfe`` evaluations per image becomes the checkpoint's record."""
+    _given(checkpoint=checkpoint, out=out, root=kwargs.get("root"), cache_dir=kwargs.get("cache_dir"))
     check_seed(kwargs.get("seed", 0))
     if not (math.isfinite(max_nfe) and max_nfe >= 1):
         raise TinyDiTError(f"`max_nfe` must be a number >= 1, got {max_nfe}")
-    rows = run_sweep(
-        checkpoint,
-        out,
-        samplers=list(samplers),
-        steps=list(steps),
-        cfg_scales=list(cfg_scales),
-        tols=list(tols),
-        device=resolve_device(device),
-        **kwargs,
-    )
-    if apply:
-        record_sampling(checkpoint, best_setting(rows, max_nfe, kwargs.get("n", 1000), kwargs.get("seed", 0)))
+    check_out(out, "sweep", read_paths(checkpoint))
+    # Where `apply` will record, checked and locked before the first sample (a run that started training now
+    # would write its own record back over it), once every setting is known good: a refused sweep takes no lock.
+    lists = dict(samplers=list(samplers), steps=list(steps), cfg_scales=list(cfg_scales), tols=list(tols))
+    check_sweep(**lists, **{k: kwargs[k] for k in ("n", "batch_size", "grid", "shift", "cfg_interval") if k in kwargs})
+    target = sampling_target(checkpoint) if apply else None
+    lock = RunDirLock(target if target.is_dir() else target.parent).acquire() if apply else None
+    try:
+        rows = run_sweep(checkpoint, out, **lists, device=resolve_device(device), **kwargs)
+        if apply:
+            best = best_setting(rows, max_nfe, kwargs.get("n", 1000), kwargs.get("seed", 0))
+            _write_sampling(target, best)
+    finally:
+        if lock is not None:
+            lock.release()
     return rows
 
 
-def record_sampling(checkpoint: str | Path, settings: SamplingSettings) -> None:
-    """Write ``settings`` as the checkpoint's sampler settings, atomically; everything else stays as it was.
-    A run that is training is refused (its next save would write its own record back)."""
+def sampling_target(checkpoint: str | Path) -> Path:
+    """What recording sampler settings into ``checkpoint`` rewrites, in the checkpoint's own format: a
+    checkpoint.pt (a run directory's), or a pretrained folder (its config.json and model card; never its
+    weights). Refuses, naming the reason, a shipped model, a Hub id (its files are a download cache's),
+    and a file or folder that cannot be written."""
     path = Path(checkpoint)
-    lock = RunDirLock(path.parent).acquire()
+    if path.is_file() and path.name in (CONFIG, WEIGHTS):
+        path = path.parent
+    if path.is_dir():
+        if (path / "checkpoint.pt").is_file():
+            path = path / "checkpoint.pt"
+        elif not (path / WEIGHTS).is_file():
+            raise TinyDiTError(f"`checkpoint` {checkpoint} is neither a run directory nor a pretrained folder")
+    elif not path.is_file():
+        hub = "; a Hub model is read from a download cache, which is not to be edited: copy it into a folder first"
+        raise TinyDiTError(
+            f"`checkpoint` {checkpoint} does not exist here, and `apply` records into a checkpoint on this machine"
+            + (hub if is_hub_id(str(checkpoint)) else "")
+        )
+    check_not_shipped(path, "checkpoint", "copy the folder and apply to the copy")
+    folder = path if path.is_dir() else path.parent
+    if not all(os.access(p, os.W_OK) for p in (path, folder)):
+        raise TinyDiTError(f"`checkpoint` {checkpoint} is not writable, so `apply` cannot record into it")
+    return path
+
+
+def record_sampling(checkpoint: str | Path, settings: SamplingSettings) -> None:
+    """Write ``settings`` as the checkpoint's sampler settings, in its own format (``sampling_target``),
+    atomically; everything else stays as it was. A run that is training is refused (its next save would
+    write its own record back)."""
+    target = sampling_target(checkpoint)
+    lock = RunDirLock(target if target.is_dir() else target.parent).acquire()
     try:
-        state = checkpoints.load_checkpoint(path)
-        dataclasses.replace(state, sampling=settings.to_json()).save(path)
+        _write_sampling(target, settings)
     finally:
         lock.release()
+
+
+def _write_sampling(target: Path, settings: SamplingSettings) -> None:
+    if target.is_dir():
+        rewrite_sampling(target, settings.to_json())
+    else:
+        state = checkpoints.load_checkpoint(target)
+        dataclasses.replace(state, sampling=settings.to_json()).save(target)
 
 
 def export(
@@ -286,10 +359,13 @@ def export(
     dtype: str = "float32",
     metrics: str | Path | None = None,
     about: str | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """The checkpoint's velocity model as a pretrained safetensors folder, ONNX, a torch.export program, or a
-    web page (``tinydit.export``)."""
-    return export_model(checkpoint, format, out, ema=ema, ort_web=ort_web, dtype=dtype, metrics=metrics, about=about)
+    web page (``tinydit.export``); an earlier export at ``out`` is replaced only with ``overwrite``."""
+    _given(checkpoint=checkpoint, out=out, ort_web=ort_web, metrics=metrics)
+    options = dict(ema=ema, ort_web=ort_web, dtype=dtype, metrics=metrics, about=about, overwrite=overwrite)
+    return export_model(checkpoint, format, out, **options)
 
 
 def pretrained(name: str) -> Path:
@@ -311,4 +387,5 @@ def presets() -> list[dict]:
 
 def report(run_dir: str | Path) -> Path:
     """Write ``run_dir``/report.html (``tinydit.eval.run_report``): one self-contained page of the run."""
+    _given(run_dir=run_dir)
     return write_run_report(run_dir)

@@ -105,6 +105,7 @@ FLAGS: dict[str, tuple[str | tuple[str, str], dict]] = {
     "ort_web": ("--ort-web", dict(help="web: the dist folder of the npm package onnxruntime-web (default: "
                                        "node_modules/ here or above)")),
     "out": ("--out", dict(required=True)),
+    "overwrite": ("--overwrite", dict(action="store_true", help="replace an earlier export at --out")),
     "run_dir": ("run_dir", dict(help="the run directory (`tinydit train --out`)")),
 }
 GRID_FLAGS = ("grid", "shift", "cfg_interval")
@@ -135,7 +136,7 @@ COMMANDS: dict[str, tuple[str, tuple, dict]] = {
                "progress": dict(help="no progress bar"), "data_root": dict(dest="root"),
                "out": dict(help="directory for sweep.csv, sweep.md, sweep.json and sweep.png")}),
     "export": ("the model as safetensors weights to share, ONNX, a torch.export program, or a page that samples in a "
-               "browser", (MODEL_SOURCE, "format", "out", "dtype", "metrics", "about", "ema", "ort_web"),
+               "browser", (MODEL_SOURCE, "format", "out", "overwrite", "dtype", "metrics", "about", "ema", "ort_web"),
                {"out": dict(help="the folder (safetensors, web), or FILE.onnx, FILE.pt2"),
                 "ema": dict(help="export the raw weights instead of the EMA")}),
     "presets": ("list the model size presets", (), {}),
@@ -188,7 +189,9 @@ def _call(fn, args: argparse.Namespace, **given):
     cli_only = ("func", "argv", "command", "pretrained", "nproc")
     kw = {k: v for k, v in vars(args).items() if k in params or (passes_on and k not in cli_only)}
     if "checkpoint" in kw:  # --checkpoint, or the folder of --pretrained NAME
-        kw["checkpoint"] = api.pretrained(args.pretrained) if getattr(args, "pretrained", None) else args.checkpoint
+        # "" names a model too (a blank one, which the library refuses): only None is --pretrained not given
+        named = getattr(args, "pretrained", None) is not None
+        kw["checkpoint"] = api.pretrained(args.pretrained) if named else args.checkpoint
     return fn(**{**kw, **given})
 
 
@@ -229,7 +232,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f.read(), end="")
     print(f"wrote {len(rows)} rows to {args.out}/sweep.csv, sweep.json and sweep.png", file=sys.stderr)
     if args.apply:
-        print(f"recorded in {args.checkpoint}: {api.sampling_note(args.checkpoint)}", file=sys.stderr)
+        where = api.sampling_target(args.checkpoint)  # a checkpoint.pt, or a pretrained folder (config.json, card)
+        print(f"recorded in {where}: {api.sampling_note(args.checkpoint)}", file=sys.stderr)
     return 0
 
 

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, fields
 
 from tinydit.errors import TinyDiTError
 from tinydit.runtime import COMPILE, PRECISIONS
+from tinydit.schema import build, check_text
 from tinydit.tokens import parse_phrases
 
 __all__ = [
@@ -232,6 +233,8 @@ class TrainConfig:
                 raise TinyDiTError(f"`{name}` must be >= 1, got {value}")
 
     def _check_data(self) -> None:
+        check_text(self.data, "data", "a data set (shapes, fashion-mnist, cifar10) or a folder of images")
+        check_text(self.data_root, "data_root", "the folder where data sets are kept")
         self._check_at_least_one(limit=self.limit)
         if self.classes is not None and not [c for c in self.classes.split(",") if c.strip()]:
             raise TinyDiTError(f"`classes` {self.classes!r} names no class: give names or ids, comma-separated")
@@ -261,6 +264,7 @@ class TrainConfig:
             return
         if self.teacher is None:
             raise TinyDiTError("`few_step` distill learns from a trained model: pass its checkpoint.pt with `teacher`")
+        check_text(self.teacher, "teacher", "the teacher's checkpoint.pt")
         self._check_at_least_one(distill_paths=self.distill_paths)
         if self.arch_overrides():
             raise TinyDiTError(
@@ -310,6 +314,7 @@ class TrainConfig:
             )
 
     def _check_output(self) -> None:
+        check_text(self.out, "out", "the run directory")  # a blank one is the current folder
         self._check_at_least_one(
             log_every=self.log_every,
             val_every=self.val_every,
@@ -340,8 +345,8 @@ class TrainConfig:
         return {name: value for name, value in switches.items() if value is not None}
 
     @classmethod
-    def from_dict(cls, d: dict) -> TrainConfig:
+    def from_dict(cls, d: dict, key: str = "train_config") -> TrainConfig:
         """A stored (resolved) config, such as a checkpoint's (``tinydit.models.checkpoint.Checkpoint.train``,
-        which upgrades what older releases stored); a field this release no longer has is left out."""
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
+        which upgrades what older releases stored), its types and values checked, errors naming ``key`` and
+        the field; a field this release no longer has is left out."""
+        return build(cls, d, key, unknown="drop")

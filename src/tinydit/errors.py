@@ -7,4 +7,8 @@ one line and exits non-zero; everything else is a bug and keeps its traceback.
 
 
 class TinyDiTError(ValueError):
-    """A user-facing error: the message names the problem and the fix."""
+    """A user-facing error: the message names the problem and the fix, on one line. A line break inside a value
+    it names (a path typed as "a<newline>b") is shown as \\n, so that the CLI's one line stays one."""
+
+    def __init__(self, message: str = ""):
+        super().__init__(str(message).replace("\r", "\\r").replace("\n", "\\n"))

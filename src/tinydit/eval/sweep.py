@@ -40,7 +40,15 @@ from tinydit.flow.settings import SamplingSettings
 from tinydit.models.checkpoint import load_model
 from tinydit.progress import Progress
 
-__all__ = ["sweep_points", "run_sweep", "write_sweep", "sweep_rows", "best_setting", "DOPRI5_FIRST_STEPS"]
+__all__ = [
+    "sweep_points",
+    "check_sweep",
+    "run_sweep",
+    "write_sweep",
+    "sweep_rows",
+    "best_setting",
+    "DOPRI5_FIRST_STEPS",
+]
 
 DOPRI5_FIRST_STEPS = 16  # dopri5's first trial step is 1/16; it adapts from there
 # in sweep.json's settings: rows of an older sweep.json (another format) are sampled again, not reused
@@ -88,6 +96,24 @@ def _settings_of(point: dict, grid: dict) -> SamplingSettings:
     )
 
 
+def check_sweep(
+    samplers: list[str],
+    steps: list[int],
+    cfg_scales: list[float],
+    tols: list[float] = (1e-2, 1e-3),
+    n: int = 1000,
+    batch_size: int = 256,
+    grid: str = "uniform",
+    shift: float | None = None,
+    cfg_interval: tuple[float, float] | None = None,
+) -> tuple[list[dict], dict[str, SamplingSettings]]:
+    """The combinations and each one's settings by its key, every setting and the sample count checked, before
+    anything is loaded or drawn (``tinydit.api.sweep`` checks them before it locks a checkpoint to record in)."""
+    options = {"grid": "uniform" if grid is None else grid, "shift": shift, "cfg_interval": cfg_interval}
+    points = sweep_points(samplers, steps, cfg_scales, tols)
+    return points, _checked_settings(points, options, n, batch_size)
+
+
 def run_sweep(
     checkpoint: str | Path,
     out: str | Path,
@@ -112,8 +138,7 @@ def run_sweep(
     """Generate and score every combination (see the module docstring); returns the rows."""
     grid = "uniform" if grid is None else grid
     options = {"grid": grid, "shift": shift, "cfg_interval": cfg_interval}
-    points = sweep_points(samplers, steps, cfg_scales, tols)
-    settings_of = _checked_settings(points, options, n, batch_size)
+    points, settings_of = check_sweep(samplers, steps, cfg_scales, tols, n, batch_size, **options)
     out = Path(out)
     model, state = load_model(checkpoint, ema=ema, map_location=device)
     data = state.data.name

@@ -37,6 +37,7 @@ from tinydit.models import pretrained
 from tinydit.models.attention import ATTENTION
 from tinydit.models.checkpoint import Checkpoint, load_checkpoint, load_model
 from tinydit.models.linear import LINEAR
+from tinydit.paths import check_out, read_paths
 
 __all__ = ["FORMATS", "export", "metadata", "find_ort_web"]
 
@@ -188,8 +189,11 @@ def export(
     dtype: str = "float32",
     metrics: str | Path | None = None,
     about: str | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Export the checkpoint's (EMA) model as ``fmt`` (onnx, pt2, web or safetensors) to ``out``; returns the path.
+    ``out`` is a new file or folder (an empty folder for the folder formats), or an earlier export of the same
+    format with ``overwrite``; never what the export reads, a run directory or a shipped model (``tinydit.paths``).
 
     safetensors only: ``dtype`` of the weights (float32, bfloat16 or float16), ``metrics``, an evaluation's
     metrics.json for the model card (else the run's own evaluation at the checkpoint's step, if any), and
@@ -199,16 +203,17 @@ def export(
     out = Path(out)
     if fmt not in ("web", "safetensors") and out.suffix != f".{fmt}":
         raise TinyDiTError(f"`out` {out}: a {fmt} export is a file ending in .{fmt}")
+    if fmt == "safetensors" and (out.is_file() or out.suffix in (".safetensors", ".pt", ".pt2", ".onnx", ".json")):
+        raise TinyDiTError(
+            f"`out` {out}: a safetensors export is a folder (model.safetensors, config.json, "
+            "README.md); give the folder's name"
+        )
+    if fmt == "safetensors" and dtype not in DTYPES:
+        raise TinyDiTError(f"`dtype` must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    writes = {"safetensors": "pretrained folder", "web": "web export"}.get(fmt, "file")
+    check_out(out, writes, read_paths(checkpoint, metrics, ort_web), overwrite=overwrite)  # before anything is read
     if fmt == "safetensors":
-        if dtype not in DTYPES:
-            raise TinyDiTError(f"`dtype` must be one of {', '.join(DTYPES)}, got {dtype!r}")
-        if out.is_file() or out.suffix in (".safetensors", ".pt", ".pt2", ".onnx", ".json"):
-            raise TinyDiTError(
-                f"`out` {out}: a safetensors export is a folder (model.safetensors, config.json, "
-                "README.md); give the folder's name"
-            )
-        state = load_checkpoint(checkpoint)
-        load_model(state, ema=ema)  # the weights must fit their config before anything is written
+        state = load_checkpoint(checkpoint)  # its weights checked against its config as it is read
         shown = read_eval_metrics(metrics) if metrics is not None else run_metrics(checkpoint, state.step)
         record = state.to_dict() | {"sampling": SamplingSettings.from_checkpoint(state).to_json()}  # as sample would
         ema = ema and state.ema is not None

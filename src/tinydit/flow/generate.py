@@ -91,14 +91,16 @@ def sample_conditions(
                 "`prompts`; prompts need a text run (`model` mmdit or `cond` text)"
             )
         n = 64 if n is None else n
-        if unconditional:
-            y = labels = torch.full_like(resolve_labels(None, names, n), len(names))  # the null label, n checked
+        if unconditional:  # the null label is n_classes (the checkpoint's reader made the names agree with it)
+            y = labels = torch.full_like(resolve_labels(None, names, n), state.config.n_classes)  # n checked
             names = [*names, "unconditional"]
         else:
             y = labels = resolve_labels(classes, names, n)
         return y, labels, names, nrow or (len(names) if not (classes or unconditional) else min(8, n))
     if classes:
         raise TinyDiTError(f"{checkpoint} is a text-to-image model: use `prompts`, not `classes`")
+    if not (unconditional or prompts or state.data.prompts):
+        raise TinyDiTError(f"{checkpoint} records no prompts to draw: pass `prompts`, one or more captions")
     names = [""] if unconditional else list(prompts or state.data.prompts)
     n = 8 if n is None else n
     y, labels = resolve_prompts(names, tokenizer, n, allow_empty=unconditional)  # (P n, L), (P n,): a row each
@@ -119,6 +121,8 @@ def resolve_labels(specs: list[str] | None, classes: list[str], n: int) -> torch
     for spec in specs:
         for item in str(spec).split(","):
             item = item.strip()
+            if not item:
+                raise TinyDiTError(f"`classes` {spec!r} holds a blank name: give class names or ids, comma-separated")
             if item.isdigit() and int(item) < len(classes):
                 ids.append(int(item))
             elif item.lower() in lookup:

@@ -32,6 +32,7 @@ from tinydit.flow.grids import DEFAULT_SHIFT
 from tinydit.flow.samplers import DEFAULT_ETA, DEFAULT_TOL, SampleResult, check_sampler_args, sample
 from tinydit.models.checkpoint import Checkpoint
 from tinydit.models.presets import MODEL_CONDS, MODEL_PRESETS
+from tinydit.schema import as_key, check_fields, reading
 
 __all__ = [
     "SamplingSettings",
@@ -92,14 +93,17 @@ class SamplingSettings:
         """Settings from a record (a checkpoint's ``sampling``, a line of the records file); a key it does
         not know is refused by name, a key it lacks takes the default."""
         _refuse_unknown(set(record) - {"source"})
-        return cls(**record)
+        return cls(**check_fields(cls, record, None))  # the types first: a list for a name is no TypeError later
 
     @classmethod
     def from_checkpoint(cls, ckpt: Checkpoint) -> SamplingSettings:
         """The settings a checkpoint records, or, for one written before they were recorded, those its data
-        set and preset would record now."""
-        if isinstance(ckpt.sampling, dict):
-            return cls.from_json(ckpt.sampling)
+        set and preset would record now. A recorded one that cannot be used is refused naming the file and
+        the key (the checkpoint's reader checks that it is a record; what it may hold is this class's)."""
+        if ckpt.sampling is not None:
+            with reading(ckpt.records_file, "fix it, or record settings again with `tinydit sweep --apply`"):
+                with as_key("sampling"):
+                    return cls.from_json(ckpt.sampling)
         return recommended_sampling(ckpt.data.name, ckpt.preset or "", ckpt.config.cond, ckpt.few_step)
 
     def with_flags(self, **given) -> SamplingSettings:

@@ -31,7 +31,9 @@ from tinydit.files import torch_save
 from tinydit.models import pretrained
 from tinydit.models.dit import DiT
 from tinydit.models.dit_config import DiTConfig
-from tinydit.models.registry import build_model, config_from_dict
+from tinydit.models.registry import build_model, config_from_dict, model_type
+from tinydit.schema import as_key, build, check_fields, check_value, reading
+from tinydit.tokens import SPECIALS
 from tinydit.version import __version__
 
 __all__ = [
@@ -42,6 +44,7 @@ __all__ = [
     "load_checkpoint",
     "load_model",
     "check_weights",
+    "fit_weights",
     "unwrap",
 ]
 
@@ -68,16 +71,19 @@ class DataRecord:
     img_size: int | None = None
     prompts: tuple[str, ...] | None = None
 
+    def __post_init__(self):
+        if not self.name.strip():
+            raise TinyDiTError(f"`name` {self.name!r} names no data set")
+        if not self.classes or any(not c.strip() for c in self.classes) or len(set(self.classes)) < len(self.classes):
+            raise TinyDiTError(f"`classes` must be one or more distinct names, got {list(self.classes)}")
+        for name in ("channels", "img_size"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise TinyDiTError(f"`{name}` must be >= 1, got {getattr(self, name)}")
+
     @classmethod
-    def from_dict(cls, d: dict) -> DataRecord:
-        prompts = d.get("prompts")
-        return cls(
-            d["name"],
-            tuple(d["classes"]),
-            d.get("channels"),
-            d.get("img_size"),
-            tuple(prompts) if prompts is not None else None,
-        )
+    def from_dict(cls, d: dict, key: str = "data") -> DataRecord:
+        """A stored record (a checkpoint's ``key``), its types and values checked; errors name ``key`` and the field."""
+        return build(cls, d, key)
 
     def to_dict(self) -> dict:
         out = {"name": self.name, "classes": list(self.classes)}
@@ -121,15 +127,23 @@ class Checkpoint:
         ``path`` may also be a pretrained folder (``tinydit.models.pretrained``: model.safetensors and
         config.json), its config.json or weights file, a Hub id of one, or a run directory (its checkpoint.pt)."""
         path = Path(path)
-        if path.is_dir() and not (path / pretrained.WEIGHTS).exists() and (path / "checkpoint.pt").is_file():
-            path = path / "checkpoint.pt"  # a run directory
+        try:
+            return cls._load(path, map_location)
+        except OSError as err:  # a name the file system refuses (too long, a loop of links): one line, not a traceback
+            raise TinyDiTError(f"cannot read checkpoint {path}: {err.strerror or err}") from err
+
+    @classmethod
+    def _load(cls, path: Path, map_location) -> Checkpoint:
+        if path.is_dir() and (path / "checkpoint.pt").is_file():
+            path = path / "checkpoint.pt"  # a run directory (its own checkpoint, whatever else was put there)
         elif (
             path.is_dir()
             or path.name in (pretrained.CONFIG, pretrained.WEIGHTS)
             or (not path.exists() and path.suffix != ".pt" and pretrained.is_hub_id(str(path)))
         ):
             state = pretrained.load_pretrained(path)
-            return cls.from_dict(state, state["source"])
+            weights = state.pop("source")
+            return cls.from_dict(state, str(Path(weights).with_name(pretrained.CONFIG)), weights_in=weights)
         if not path.is_file():
             raise TinyDiTError(f"checkpoint {path} does not exist; pass the checkpoint.pt of a training run")
         try:
@@ -150,14 +164,36 @@ class Checkpoint:
         return cls.from_dict(state, str(path))
 
     @classmethod
-    def from_dict(cls, state: dict, where: str = "the checkpoint") -> Checkpoint:
-        """A checkpoint from the dict a file holds, upgraded: the one place that knows what older releases
-        wrote. Before MMDiT existed no ``model_type`` was written (every model was a DiT); a run stored
-        before the alignment (``repa``) existed trained without it, and one stored before ``flip`` existed
-        trained with random flips, Fashion-MNIST included; before the image shape was recorded
-        ``data`` held the name and classes only, and before the sampler settings were, ``sampling`` is
-        None (``tinydit.flow.settings.SamplingSettings.from_checkpoint`` gives what the run would record
-        now). What cannot be read names ``where``."""
+    def from_dict(cls, state: dict, where: str = "the checkpoint", weights_in: str | None = None) -> Checkpoint:
+        """A checkpoint from the dict a file holds, upgraded and checked: the one place that knows what older
+        releases wrote, and the one that checks what any release wrote. Before MMDiT existed no
+        ``model_type`` was written (every model was a DiT); a run stored before the alignment (``repa``)
+        existed trained without it, and one stored before ``flip`` existed trained with random flips,
+        Fashion-MNIST included; before the image shape was recorded ``data`` held the name and classes
+        only, and before the sampler settings were, ``sampling`` is None
+        (``tinydit.flow.settings.SamplingSettings.from_checkpoint`` gives what the run would record now, and
+        checks a recorded one).
+
+        Every record is checked for its types and ranges (``tinydit.schema``) and against the others (the class
+        names against the model's classes, the image shape and the tokenizer against the model config), and
+        every tensor of the weights against the model the config builds. What cannot be read is one
+        ``TinyDiTError`` naming ``where`` (the file the records are in), the key and the value; the weights'
+        are named by ``weights_in``, a pretrained folder's model.safetensors (default: ``where``)."""
+        fix = (
+            "fix it, or export the folder again"
+            if weights_in
+            else "the checkpoint is damaged, or was not written by `tinydit train`"
+        )
+        with reading(where, fix):
+            ckpt = cls._records(state, weights_in or where)
+        for name in ("model", "ema"):
+            if getattr(ckpt, name) is not None:
+                fit_weights(ckpt.model_type, ckpt.config, getattr(ckpt, name), ckpt.source)
+        return ckpt
+
+    @classmethod
+    def _records(cls, state: dict, source: str) -> Checkpoint:
+        """The checkpoint's records from ``state``, upgraded and checked alone and against each other."""
         state = {k: v for k, v in state.items() if k not in ("format", "format_version")}
         data = state.get("data") if isinstance(state.get("data"), dict) else {}
         missing = [k for k in ("model_config", "train_config", "data", "step") if k not in state]
@@ -165,21 +201,26 @@ class Checkpoint:
         if state.get("model") is None and state.get("ema") is None:
             missing.append("model")
         if missing:
-            raise TinyDiTError(
-                f"{where} lacks {', '.join(missing)}: the checkpoint is damaged, or was not written by `tinydit train`"
-            )
-        kind = state.pop("model_type", None) or "dit"
+            raise TinyDiTError(f"lacks {', '.join(missing)}")
+        kind = check_value(state.pop("model_type", None), str | None, "model_type")
+        kind = "dit" if kind is None else kind  # written before MMDiT existed
+        with as_key("model_type"):
+            model_type(kind)
         config = config_from_dict(kind, state.pop("model_config"))
-        known = {f.name for f in dataclasses.fields(cls)} - {"extra", "config", "model_type"}
+        known = {f.name for f in dataclasses.fields(cls)} - {"extra", "config", "model_type", "source"}
         fields = {k: state.pop(k) for k in list(state) if k in known}
+        fields |= check_fields(cls, fields, "", names=known - {"data"})
         fields["data"] = DataRecord.from_dict(fields["data"])
-        fields["step"] = int(fields["step"] or 0)
+        for name in ("step", "train_seconds"):
+            if (fields.get(name) or 0) < 0:
+                raise TinyDiTError(f"{name} must be >= 0, got {fields[name]}")
         if fields["train_config"] and "repa" not in fields["train_config"]:
             fields["train_config"] = {**fields["train_config"], "repa": 0.0}
         if fields["train_config"] and "flip" not in fields["train_config"]:  # every set flipped before `flip`
             fields["train_config"] = {**fields["train_config"], "flip": True}
-        fields.setdefault("source", where)
-        return cls(model_type=kind, config=config, extra=state, **fields)
+        TrainConfig.from_dict(fields["train_config"])  # checked here, once; kept as the dict it was stored as
+        _check_agree(config, fields["data"], fields.get("tokenizer"))
+        return cls(model_type=kind, config=config, extra=state, source=source, **fields)
 
     # -- what its records say -------------------------------------------------------------------------------
 
@@ -201,6 +242,12 @@ class Checkpoint:
     def train(self) -> TrainConfig:
         """The run's resolved config, as it was trained (a continuation compares against it)."""
         return TrainConfig.from_dict(self.train_config)
+
+    @property
+    def records_file(self) -> str:
+        """The file its records were read from: a pretrained folder's config.json, else ``source`` itself."""
+        path = Path(self.source)
+        return str(path.with_name(pretrained.CONFIG)) if path.name == pretrained.WEIGHTS else self.source
 
     @property
     def missing_to_continue(self) -> list[str]:
@@ -242,19 +289,93 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     return Checkpoint.load(path, map_location)
 
 
+def _check_agree(config: DiTConfig, data: DataRecord, tokenizer: dict | None) -> None:
+    """The records against each other: what the data record says of the images, the classes and the captions
+    must be what the model config built the weights for."""
+    for name, model_name in (("channels", "in_channels"), ("img_size", "img_size")):
+        if getattr(data, name) is not None and getattr(data, name) != getattr(config, model_name):
+            raise TinyDiTError(
+                f"data.{name} {getattr(data, name)} disagrees with model_config.{model_name} "
+                f"{getattr(config, model_name)}, which the weights were built for"
+            )
+    # A class model's label i is the name classes[i], and the label n_classes its null label: one name too
+    # many or too few draws the wrong class under a name, or the null label as a class.
+    if config.cond == "class" and len(data.classes) != config.n_classes:
+        raise TinyDiTError(
+            f"data.classes names {len(data.classes)} classes ({', '.join(data.classes)}) for a model of "
+            f"model_config.n_classes {config.n_classes}: one name per class label of the weights"
+        )
+    if (config.cond == "text") != (tokenizer is not None):
+        raise TinyDiTError(
+            "a text model (model_config.cond text) needs its tokenizer"
+            if tokenizer is None
+            else f"tokenizer is given for a model of model_config.cond {config.cond}, which reads no captions"
+        )
+    if tokenizer is not None:
+        if set(tokenizer) != {"vocab", "max_len"}:
+            raise TinyDiTError(f"tokenizer must hold vocab and max_len, got {', '.join(map(str, tokenizer))}")
+        vocab = check_value(tokenizer["vocab"], tuple[str, ...], "tokenizer.vocab")
+        max_len = check_value(tokenizer["max_len"], int, "tokenizer.max_len")
+        if len(vocab) + len(SPECIALS) != config.vocab_size or max_len != config.text_len:
+            raise TinyDiTError(
+                f"tokenizer (ids for {len(vocab)} words and {len(SPECIALS)} specials, {max_len} per caption) "
+                f"disagrees with model_config.vocab_size {config.vocab_size} and text_len {config.text_len}"
+            )
+
+
+def fit_weights(kind: str, config: DiTConfig, weights: dict, where: str) -> None:
+    """``check_weights`` against the model ``config`` builds, built without memory (on the meta device), so that a
+    config edited to a huge width costs nothing to refuse; and every tensor finite."""
+    blocks = config.depth + getattr(config, "single_blocks", 0) + (config.text_depth if config.cond == "text" else 0)
+    if blocks > len(weights):  # every block holds tensors: no need to build a million of them to see they are not there
+        raise TinyDiTError(
+            f"the weights in {where} do not fit its model config ({len(weights)} tensors for {blocks} blocks): "
+            "the file is damaged or was edited; export or train it again"
+        )
+    try:
+        with torch.device("meta"):
+            model = build_model(kind, config)
+    except (RuntimeError, OverflowError) as err:  # even shapes alone overflow: a width of billions, say
+        raise TinyDiTError(
+            f"the weights in {where} do not fit its model config, whose tensors are too large to exist "
+            f"({str(err).splitlines()[0]}): the file is damaged or was edited; export or train it again"
+        ) from err
+    check_weights(model, weights, where)
+    bad = [k for k, v in weights.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad:
+        shown = ", ".join(bad[:3]) + (" ..." if len(bad) > 3 else "")
+        raise TinyDiTError(
+            f"the weights in {where} hold NaN or infinite values ({shown}): the file is damaged; "
+            "export or train it again"
+        )
+
+
 def check_weights(model: nn.Module, weights: dict, where: str) -> None:
-    """Raise a ``TinyDiTError`` naming ``where`` and the tensors unless ``weights`` fit ``model`` exactly."""
+    """Raise a ``TinyDiTError`` naming ``where`` and the tensors unless ``weights`` fit ``model`` exactly: the same
+    names, shapes, and floating-point values where the model has them (bf16 and fp16 are taken, and widened)."""
     expected = model.state_dict()
     missing = [k for k in expected if k not in weights]
-    extra = [k for k in weights if k not in expected]
+    extra = [str(k) for k in weights if k not in expected]
+    not_tensors = [k for k in expected if k in weights and not isinstance(weights[k], torch.Tensor)]
     wrong = [
         f"{k} {tuple(weights[k].shape)} (the config makes {tuple(v.shape)})"
         for k, v in expected.items()
-        if k in weights and weights[k].shape != v.shape
+        if k in weights and k not in not_tensors and weights[k].shape != v.shape
+    ]
+    dtypes = [
+        f"{k} {str(weights[k].dtype).removeprefix('torch.')}"
+        for k, v in expected.items()
+        if k in weights and k not in not_tensors and v.is_floating_point() != weights[k].is_floating_point()
     ]
     problems = [
         f"{what} {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}"
-        for what, names in (("missing", missing), ("unexpected", extra), ("wrong shape", wrong))
+        for what, names in (
+            ("missing", missing),
+            ("unexpected", extra),
+            ("not a tensor", not_tensors),
+            ("wrong shape", wrong),
+            ("wrong type", dtypes),
+        )
         if names
     ]
     if problems:

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, fields
 
 from tinydit.errors import TinyDiTError
 from tinydit.models.presets import CONDS, DEFAULT_PRESETS, MLPS, MODEL_PRESETS, NORMS, POSITIONS, PREDICTIONS
+from tinydit.schema import build
 
 __all__ = ["DiTConfig", "PRESETS", "DEFAULT_PRESET", "SWITCHES", "ORIGINAL_BLOCK", "CONDS", "PIXEL_MAPS", "get_preset"]
 
@@ -107,12 +108,13 @@ class DiTConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> DiTConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise TinyDiTError(f"unknown DiT config keys {sorted(unknown)}: written by a newer tinydit?")
-        return cls(**d)
+    def from_dict(cls, d: dict, key: str = "model_config") -> DiTConfig:
+        """A stored config (a checkpoint's ``key``), its types and values checked; errors name ``key`` and the field."""
+        if isinstance(d, dict):
+            unknown = set(d) - {f.name for f in fields(cls)}
+            if unknown:
+                raise TinyDiTError(f"unknown DiT config keys {sorted(map(str, unknown))}: written by a newer tinydit?")
+        return build(cls, d, key)
 
 
 PRESETS = MODEL_PRESETS["dit"]  # the table of every model type is tinydit.models.presets

@@ -17,13 +17,17 @@ Reading never unpickles: only safetensors and JSON are read.
 from __future__ import annotations
 
 import json
+import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from tinydit.errors import TinyDiTError
 from tinydit.files import atomic_write, ensure_writable_dir, write_text
+from tinydit.paths import SHIPPED
+from tinydit.schema import check_fields, check_text, check_value, reading
 from tinydit.version import __version__
 
 __all__ = [
@@ -41,6 +45,8 @@ __all__ = [
     "is_hub_id",
     "reference_models",
     "reference_folder",
+    "parameter_count",
+    "rewrite_sampling",
 ]
 
 FORMAT = "tinydit-pretrained"
@@ -62,7 +68,8 @@ KEPT = (
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # owner/name
 # Reference models shipped in the package (``tinydit sample --pretrained NAME``), each a pretrained folder
 # trained by the documented command; its model card says which, on what machine, and what it measures.
-REFERENCE = Path(__file__).parent.parent / "reference"
+# No command writes there (``tinydit.paths``): scripts/make_reference.py copies a new one in.
+REFERENCE = SHIPPED
 
 
 def reference_models() -> list[str]:
@@ -73,6 +80,7 @@ def reference_models() -> list[str]:
 def reference_folder(name: str) -> Path:
     """The folder of the reference model called ``name``."""
     names = reference_models()
+    check_text(name, "pretrained", f"the name of a model shipped with tinydit ({', '.join(names) or 'none'})")
     if name not in names:
         raise TinyDiTError(
             f"unknown `pretrained` model {name!r}: this tinydit ships {', '.join(names) or 'none'}; "
@@ -154,9 +162,36 @@ def resolve_folder(path: str | Path) -> Path:
         ) from err
 
 
+@dataclass(frozen=True)
+class FolderConfig:
+    """The keys of a folder's config.json and their types, which ``load_pretrained`` checks as it reads the file
+    (``tinydit.schema``). The records among them (model_config, data, train_config, tokenizer, sampling) become
+    a checkpoint's and are checked in full, against each other and the weights, by its reader
+    (``tinydit.models.checkpoint.Checkpoint.from_dict``). A key not listed here is left alone, as a checkpoint
+    keeps the keys it does not know: a newer release may add a note, but never a key that changes the model."""
+
+    format: str
+    format_version: int
+    model_config: dict
+    data: dict
+    tinydit_version: str | None = None
+    time: str | None = None  # TIME_CONVENTION, for a reader without TinyDiT
+    model_type: str | None = None  # None: a DiT, as before MMDiT existed
+    train_config: dict | None = None
+    tokenizer: dict | None = None
+    sampling: dict | None = None
+    step: int | None = None
+    train_seconds: float | None = None
+    kernels: dict | None = None
+    about: str | None = None  # the model card's line on how it was trained
+    metrics: dict | None = None  # the model card's metrics
+    weights: dict | None = None  # {"ema": whether they are the EMA's, "dtype": the type of every float tensor}
+    check: dict | None = None  # a shipped model's check, drawn again by tests/test_reference.py
+
+
 def load_pretrained(folder: str | Path) -> dict:
-    """A pretrained folder as a checkpoint dict (``model`` and ``ema`` both the folder's weights); a clear
-    ``TinyDiTError`` naming the file and the fix for anything else."""
+    """A pretrained folder as a checkpoint dict (``model`` and ``ema`` both the folder's weights, ``source``
+    the weights' file); a clear ``TinyDiTError`` naming the file and the fix for anything else."""
     folder = resolve_folder(folder)
     config_path, weights_path = folder / CONFIG, folder / WEIGHTS
     hint = (
@@ -173,17 +208,17 @@ def load_pretrained(folder: str | Path) -> dict:
             f"{config_path} is not readable JSON ({type(err).__name__}): export the folder again"
         ) from err
     if not isinstance(config, dict) or config.get("format") != FORMAT:
-        raise TinyDiTError(
-            f"{config_path} is not a TinyDiT pretrained config (its `format` must be {FORMAT!r}): {hint}"
-        )
+        raise TinyDiTError(f"{config_path} is not a TinyDiT pretrained config (its format must be {FORMAT!r}): {hint}")
     if config.get("format_version") != FORMAT_VERSION:
         raise TinyDiTError(
             f"{config_path} has format version {config.get('format_version')}, this tinydit "
             f"{__version__} reads version {FORMAT_VERSION}; use the tinydit release that wrote it"
         )
-    missing = [k for k in ("model_config", "data") if not isinstance(config.get(k), dict)]
+    missing = [k for k in ("model_config", "data") if k not in config]
     if missing:
         raise TinyDiTError(f"{config_path} lacks {', '.join(missing)}: export the folder again")
+    with reading(str(config_path), "fix it, or export the folder again"):
+        config |= check_fields(FolderConfig, config, "")
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -193,17 +228,51 @@ def load_pretrained(folder: str | Path) -> dict:
         raise TinyDiTError(
             f"{weights_path} is not a readable safetensors file ({type(err).__name__}): export the folder again"
         ) from err
+    with reading(str(config_path), "fix it, or export the folder again"):
+        _check_weights_record(config.get("weights"), weights)
     state = {k: config.get(k) for k in KEPT}
     state.update(
         format=FORMAT,
-        model_type=config.get("model_type") or "dit",
+        model_type=config.get("model_type"),
         model=weights,
         ema=weights,
         train_config=config.get("train_config") or {},
-        step=config.get("step") or 0,
+        step=config.get("step") or 0,  # a config.json written by hand may leave it out
         source=str(weights_path),
     )
     return state
+
+
+def _check_weights_record(record: dict | None, weights: dict) -> None:
+    """config.json's ``weights`` against the tensors: what the model card says of them must be so."""
+    if record is None:
+        return
+    if not set(record) <= {"ema", "dtype"}:
+        raise TinyDiTError(f"weights holds unknown keys {', '.join(sorted(set(record) - {'ema', 'dtype'}))}")
+    check_value(record.get("ema", True), bool, "weights.ema")
+    dtype = check_value(record.get("dtype", "float32"), str, "weights.dtype")
+    found = sorted({str(t.dtype).removeprefix("torch.") for t in weights.values() if t.is_floating_point()})
+    if found and found != [dtype]:
+        raise TinyDiTError(f"weights.dtype says {dtype!r}, and {WEIGHTS} holds {', '.join(found)} tensors")
+
+
+def parameter_count(weights: str | Path) -> int:
+    """The number of parameters a model.safetensors holds, from its header alone."""
+    from safetensors import safe_open
+
+    with safe_open(weights, "pt") as f:
+        return sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+
+
+def rewrite_sampling(folder: str | Path, sampling: dict) -> None:
+    """Record ``sampling`` (``tinydit.flow.settings.SamplingSettings.to_json``) as a pretrained folder's sampler
+    settings, in the folder's own format: config.json's ``sampling`` and the model card that shows them are
+    written again, everything else in them as it was; model.safetensors is not touched."""
+    folder = Path(folder)
+    config = json.loads((folder / CONFIG).read_text())
+    config["sampling"] = sampling
+    write_text(folder / CONFIG, json.dumps(config, indent=1) + "\n")
+    write_text(folder / CARD, model_card(config, parameter_count(folder / WEIGHTS)))
 
 
 def _fmt(value) -> str:

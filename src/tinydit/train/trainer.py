@@ -31,6 +31,7 @@ from tinydit.flow.path import sample_t
 from tinydit.flow.settings import SamplingSettings, recommended_sampling
 from tinydit.models.checkpoint import Checkpoint, load_checkpoint, unwrap
 from tinydit.models.registry import build_model
+from tinydit.paths import RUN, check_out, read_paths
 from tinydit.runtime import autocast, resolve_device, resolve_precision
 from tinydit.train import optim
 from tinydit.train.budget import Budget, Clock
@@ -100,6 +101,9 @@ class Trainer:
         cfg, main = self.cfg, self.world.main  # only rank 0 locks, writes and prints
         self.device = self.world.device(resolve_device(cfg.device))
         self.precision = resolve_precision(cfg.precision, self.device)
+        # before the lock, which writes into the folder: a folder that is not a run's is left as it was
+        data_folder = cfg.data if Path(cfg.data).is_dir() else None
+        check_out(self.out, RUN, read_paths(data_folder, cfg.teacher))
         if self.out.is_dir() and main:
             self.lock.acquire()
         self.teacher = Distillation(cfg) if cfg.few_step == "distill" else None
