@@ -206,3 +206,22 @@ def test_the_pages_clone_the_repository_pyproject_names():
     for page in ("README.md", "docs/install.md"):
         clones = re.findall(r"git clone (\S+)", (ROOT / page).read_text())
         assert clones and set(clones) == {home}, f"{page} clones {clones}, pyproject names {home}"
+
+
+def test_the_training_guides_defaults_are_the_codes(monkeypatch, tmp_path):
+    """docs/training.md's table of what each data set trains with is made from the resolve step; a changed
+    cell is caught."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("defaults_table", ROOT / "scripts" / "defaults_table.py")
+    defaults = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(defaults)
+    monkeypatch.setattr("sys.argv", ["defaults_table.py", "--check"])
+    defaults.main()
+    page = tmp_path / "training.md"
+    shapes = "| `shapes` | `dit-1.4m` | 64 |"
+    page.write_text(defaults.PAGE.read_text().replace(shapes, shapes.replace("64", "32")))
+    monkeypatch.setattr(defaults, "PAGE", page)
+    monkeypatch.setattr(defaults, "ROOT", tmp_path)
+    with pytest.raises(SystemExit, match="out of date"):
+        defaults.main()
