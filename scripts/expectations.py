@@ -178,8 +178,8 @@ def drawn(runs: list[dict]) -> str:
     parts = parts if always else []
     parts += [f"{PLURALS[kind]} in {k} of {n}" for kind, (k, n) in counts.items() if n and 0 < k < n]
     parts += [f"no {PLURALS[kind]}" for kind, (k, n) in counts.items() if n and k == 0]
-    unknown = [PLURALS[kind] for kind, (k, n) in counts.items() if not n]
-    return "; ".join(parts) + (f" ({', '.join(unknown)} not recorded)" if unknown else "")
+    unknown = [kind for kind, (k, n) in counts.items() if not n]
+    return "; ".join(parts + (["other kinds not recorded"] if unknown else []))
 
 
 def matches(entry: dict, run: dict) -> bool:
