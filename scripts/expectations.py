@@ -13,7 +13,8 @@ The pages made from the record:
 - README.md's "What to expect" table (between ``<!-- expectations: front -->`` and ``<!-- /expectations -->``):
   one row per entry of the record's ``front`` list. **The rule:** an entry names a hardware class, a data set,
   a budget and a precision, and a date ``since`` (the day the defaults of that command last changed what a
-  step does); its row gives the range, over every run of the record that matches all four and was measured
+  step does), and may name the compile states its command runs in (a `--compile off` run is another
+  command); its row gives the range, over every run of the record that matches all of these and was measured
   on or after ``since``, of the steps the budget held and of ``shape_strict``, and for each kind of shape
   in how many of those runs the strict judge passed at least 85% of it. An entry naming a shipped model
   gives that model's own run.
@@ -189,6 +190,7 @@ def matches(entry: dict, run: dict) -> bool:
         run["scores"] is not None
         and all(run[key] == entry[key] for key in ("class", "data", "budget", "precision"))
         and run["date"] >= entry["since"]
+        and run["compile"] in entry.get("compile", [run["compile"]])
     )
 
 

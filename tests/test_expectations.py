@@ -187,6 +187,12 @@ def test_the_front_row_is_the_range_over_the_runs_the_rule_picks(expectations):
     assert rows[1][3:] == ["4,500", "1.00", "every shape"]
     with pytest.raises(SystemExit, match="matches no run"):
         expectations.front_rows({"runs": runs, "front": [{**entry, "since": "2027-01-01"}]})
+    # an entry that names its compile states leaves out the runs of another (a --compile off run)
+    compiled = {**entry, "compile": ["empty cache", "kept cache"]}
+    eager = [*runs, shapes_run(9000, (1, 1, 1, 1), compile="off")]
+    assert expectations.front_rows({"runs": eager, "front": [compiled]}) == rows[:1]
+    with pytest.raises(SystemExit, match="matches no run"):
+        expectations.front_rows({"runs": runs, "front": [{**entry, "compile": ["empty cache"]}]})
 
 
 def test_what_runs_draw_is_said_per_kind(expectations):
