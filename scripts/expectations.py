@@ -49,6 +49,7 @@ STEP_BINS = (0, 1000, 2000, 3000, 4000, 5000)  # the quality-by-steps table's bi
 NOT_FLAGS = ("out", "data", "minutes", "steps")  # written first, or not at all
 ON_OFF = {f.name for f in fields(TrainConfig) if "bool" in str(f.type) and "None" in str(f.type)}  # --qk-norm on
 CACHES = ("empty", "kept")
+BUDGETS = ("minutes", "steps")
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -126,7 +127,8 @@ def record(run: Path, evaluation: Path, hardware: str, machine: str, cache: str 
         "torch": config.get("torch_version", "?").split("+")[0],
         "date": when,
         "seed": train["seed"],
-        "budget": {k: train[k] for k in ("minutes", "steps") if train.get(k) is not None},
+        # 5.0 minutes as 5, so that it reads and compares as the front entries write it
+        "budget": {k: round(train[k]) if train[k] == round(train[k]) else train[k] for k in BUDGETS if train.get(k)},
         "steps": steps,
         "samples": metrics.get("n_samples"),
         "scores": scores_of(config["data"]["name"], metrics),

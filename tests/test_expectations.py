@@ -250,3 +250,10 @@ def test_add_appends_the_run_and_writes_every_page(expectations, tmp_path, monke
     # the new run falls under the Xeon's five-minute entry, so the front row's range now reaches 1,555 steps
     assert "| 1,555–" in expectations.README.read_text()
     assert expectations.write(expectations.load(), check=True) == []
+
+
+def test_a_budget_of_whole_minutes_is_recorded_as_written(expectations, tmp_path):
+    run, evaluation = write_run(tmp_path, SHAPES_METRICS, data="shapes", minutes=5.0, out="r")
+    budget = expectations.record(run, evaluation, "cpu-amx", "m", "kept", "d")["budget"]
+    assert budget == {"minutes": 5} and isinstance(budget["minutes"], int)
+    assert expectations.budget_words(budget) == "5 min"
