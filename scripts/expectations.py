@@ -259,7 +259,9 @@ def run_rows(runs: list[dict], score_cells) -> list[list[str]]:
             budget_words(r["budget"]),
             f"{r['steps']:,}",
             *score_cells(r),
-            f"`{r['train']}`" + (f", then `{r['eval']}`" if r.get("eval") else ""),
+            f"`{r['train']}`"
+            + (f", then `{r['eval']}`" if r.get("eval") else "")
+            + (f"; *{r['note']}*" if r.get("note") else ""),
         ]
         for r in sorted(runs, key=lambda r: (r["class"], *sorted(r["budget"].items()), r["date"], r["seed"]))
     ]
