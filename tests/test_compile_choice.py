@@ -13,9 +13,11 @@ from conftest import fast_config
 import tinydit.train.budget as budget_module
 from tinydit import compiling, machine, runtime
 from tinydit.errors import TinyDiTError
+from tinydit.models.checkpoint import load_checkpoint
 from tinydit.runtime import EAGER, CompileChoice, choose_compile, compiled_way, record_run
 from tinydit.train import Trainer
 from tinydit.train.budget import Budget, speed_key
+from tinydit.train.checkpoint import began_compiled
 from tinydit.train.log import compile_line
 from tinydit.train.resolve import resolve
 
@@ -188,11 +190,42 @@ def clock(monkeypatch):
     monkeypatch.setattr(budget_module, "time", types.SimpleNamespace(perf_counter=perf_counter, time=perf_counter))
 
 
-def test_a_run_records_its_pace(record, tmp_path, clock, capsys):
+def test_a_run_records_its_pace_and_a_continuation_keeps_its_choice_whatever_the_record_says_now(
+    record, tmp_path, clock, capsys
+):
     kw = dict(steps=None, batch_size=8, limit=20, warmup=2, log_every=5, val_every=10**6, sample_every=10**6)
-    Trainer(fast_config(tmp_path / "run", minutes=0.02, **kw), progress=False).fit()
+    run = tmp_path / "run"
+    Trainer(fast_config(run, minutes=0.02, **kw), progress=False).fit()
     assert "not compiling: a 0.02-minute run is too short" in capsys.readouterr().err
-    (pace,) = machine.runs("dit dit-0.2m, shapes class, fp32, batch 8").values()
-    assert machine.runs("dit dit-0.2m, shapes class, fp32, batch 8").keys() == {EAGER}
-    assert pace.keys() == {"first_step_s", "steps_per_s", "runs"}
+    assert load_checkpoint(run / "checkpoint.pt").kernels["compiled"] is False
+    kind = "dit dit-0.2m, shapes class, fp32, batch 8"
+    (pace,) = machine.runs(kind).values()
+    assert machine.runs(kind).keys() == {EAGER} and pace.keys() == {"first_step_s", "steps_per_s", "runs"}
     assert pace["runs"] == 1 and 0 < pace["first_step_s"] < 1 and pace["steps_per_s"] > 0
+    # Now the record says compiling wins by far: a new run compiles; the eager run, continued, does not.
+    machine.keep_run(kind, compiled_way("empty"), lambda _: {**pace, "steps_per_s": 100 * pace["steps_per_s"]})
+    new = Trainer(fast_config(tmp_path / "new", minutes=0.04, **kw), progress=False)
+    new.close()
+    assert new.compiled is True and new.compile_choice.why.startswith("compiling the model's blocks: on this machine")
+    continued = Trainer(fast_config(run, minutes=0.04, **kw), progress=False)  # a finished run given more time
+    continued.close()
+    assert continued.compiled is False
+    said = compile_line(continued.compile_choice)
+    assert said == "not compiling, as this run did when it began: the two round differently"
+
+
+def test_a_continuation_keeps_whether_it_compiled_on_the_same_device_and_precision(record):
+    def ckpt(**kernels):
+        return types.SimpleNamespace(kernels={"device": "cpu", "precision": "fp32", **kernels})
+
+    assert began_compiled(None, CPU, "fp32", 5) is None  # a new run
+    assert began_compiled(ckpt(compiled=True), CPU, "fp32", 1) is True
+    assert began_compiled(ckpt(compiled=False), CPU, "fp32", 5) is False
+    assert began_compiled(ckpt(compiled=True), CPU, "bf16", 5) is None  # it rounds differently anyway
+    assert began_compiled(ckpt(compiled=True), CUDA, "fp32", 5) is None
+    # written before it was kept: what `auto` chose then, by the budget alone
+    assert began_compiled(ckpt(), CPU, "fp32", 5) is True
+    assert began_compiled(ckpt(), CPU, "fp32", 1) is False
+    choice = choose_compile("auto", CPU, 5, KIND, began=True)
+    assert choice.compiles and choice.why.endswith("blocks, as this run did when it began: the two round differently")
+    assert choose_compile("off", CPU, 5, KIND, began=True) == CompileChoice(False)  # a flag still decides

@@ -240,15 +240,22 @@ def choose_compile(
     device: torch.device,
     minutes: float | None = None,
     kind: str | None = None,
+    began: bool | None = None,
 ) -> CompileChoice:
     """Whether a run compiles, and why. 'on' and 'off' decide; 'auto' compiles on CUDA, never on MPS, a CPU
     `steps` run or sampling (``minutes`` None), and a CPU `minutes` run where a C++ compiler is found and
-    the runs of ``kind`` recorded on this machine say it pays (``_weigh``). Without ``kind``, a long enough
-    budget compiles, as a first run of a kind does."""
+    the runs of ``kind`` recorded on this machine say it pays (``_weigh``). ``began``: whether the run this
+    continues compiled (its checkpoint's), which `auto` keeps: the two round differently. Without ``kind``,
+    a long enough budget compiles, as a first run of a kind does."""
     if isinstance(flag, bool) or flag in ("on", "off"):
         choice = CompileChoice(flag in (True, "on"))
     elif flag != "auto":
         raise TinyDiTError(f"`compile` must be auto, on or off; got {flag!r}")
+    elif began is not None:
+        what = "compiling the model's blocks" if began else "not compiling"
+        why = f"{what}, as this run did when it began: the two round differently"
+        quiet = minutes is None and not began  # an eager `steps` run is what it would be anyway: nothing to say
+        choice = CompileChoice(began, "" if quiet else why)
     elif device.type != "cpu" or minutes is None:
         choice = CompileChoice(device.type == "cuda")
     elif not has_cxx_compiler():  # Inductor would fail at the first step
@@ -259,7 +266,7 @@ def choose_compile(
         return replace(choice, why="")
     if choice.compiles:
         compile_scope()  # a bad TINYDIT_COMPILE_SCOPE is refused with the choice, before a run writes anything
-        if kind is not None and choice.cache is None:  # `on`: measured all the same
+        if kind is not None and choice.cache is None:  # `on`, or a continuation: measured all the same
             choice = replace(choice, cache=_cache(machine.runs(kind)))
     return choice
 

@@ -135,10 +135,11 @@ class Budget:
             f"so the run will not equal one run of {new:g} minutes"
         )
 
-    def compile_choice(self, device: torch.device, kind: str) -> CompileChoice:
+    def compile_choice(self, device: torch.device, kind: str, began: bool | None = None) -> CompileChoice:
         """Whether this run compiles its model, and why: under `auto`, a CPU time budget compiles where this
-        machine's earlier runs of ``kind`` (``speed_key``) held more steps compiled."""
-        return choose_compile(self.cfg.compile, device, self.cfg.minutes, kind)
+        machine's earlier runs of ``kind`` (``speed_key``) held more steps compiled; a continuation keeps
+        what the run ``began`` with."""
+        return choose_compile(self.cfg.compile, device, self.cfg.minutes, kind, began)
 
     def tick(self, step: int, seconds: float) -> None:
         """Rank 0's reading of the clock as each step ends: its pace (``pace``)."""

@@ -35,7 +35,7 @@ from tinydit.paths import RUN, check_out, read_paths
 from tinydit.runtime import autocast, compile_scope, record_run, resolve_device, resolve_precision
 from tinydit.train import optim
 from tinydit.train.budget import Budget, Clock, speed_key
-from tinydit.train.checkpoint import GracefulInterrupt, check_same_run, model_config_for
+from tinydit.train.checkpoint import GracefulInterrupt, began_compiled, check_same_run, model_config_for
 from tinydit.train.data import BatchOrder, prepare_data
 from tinydit.train.diagnostics import sample_grid, validation_losses
 from tinydit.train.events import Actions, Events, best_metric
@@ -118,7 +118,8 @@ class Trainer:
         seconds = (state.train_seconds or 0.0) if state is not None else 0.0
         self.budget = Budget(cfg, step, plan, str(self.out), seconds)
         self.kind = speed_key(cfg, self.preset, self.precision, self.world.size)
-        self.compile_choice = self.budget.compile_choice(self.device, self.kind)
+        began = began_compiled(state, self.device, self.precision, cfg.minutes)
+        self.compile_choice = self.budget.compile_choice(self.device, self.kind, began)
         self.compiled = self.compile_choice.compiles
         with self.world.main_first():  # rank 0 downloads, decodes and caches; the others then read its files
             self.data = prepare_data(cfg, state, dataset, val_dataset)
@@ -181,7 +182,13 @@ class Trainer:
             best=self.events.best,
             sampling=self.sampling.to_json(),
             plan=self.budget.plan,
-            kernels={"device": self.device.type, "precision": self.precision, **self.run.kernels()},
+            # what it trained with: a continuation keeps the kernels and whether it compiled (they round differently)
+            kernels={
+                "device": self.device.type,
+                "precision": self.precision,
+                "compiled": self.compiled,
+                **self.run.kernels(),
+            },
         )
 
     def save(self, name: str | None = None) -> Path:
