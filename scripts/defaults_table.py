@@ -56,9 +56,9 @@ def table() -> str:
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(cells) + " |" for cells in rows]
     compile_note = (
-        f"Every row compiles on CUDA, and on a CPU for a `--minutes` run of {COMPILE_CPU_MINUTES:g} minutes or "
-        "more where a C++ compiler is found (`--compile auto`); the precision is the fastest measured "
-        "(`--precision auto`)."
+        "Every row compiles on CUDA, and on a CPU with a C++ compiler a `--minutes` run where this machine's "
+        f"earlier runs of it held more steps compiled, or, with none recorded yet, one of {COMPILE_CPU_MINUTES:g} "
+        "minutes or more (`--compile auto`); the precision is the fastest measured (`--precision auto`)."
     )
     return "\n".join(lines) + "\n\n" + compile_note
 

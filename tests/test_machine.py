@@ -151,3 +151,21 @@ def test_a_record_that_cannot_be_written_costs_one_warning_not_the_run(record, m
         assert linear.onednn_is_faster() and resolve_precision("auto", CPU) == "bf16"
     assert timed == ["linear", "bf16"]  # each timed once, as before the record
     assert len(record_warnings(caught)) == 1 and "cannot be kept" in record_warnings(caught)[0]
+
+
+def test_training_runs_are_kept_beside_the_answers_and_a_damaged_entry_of_them_is_replaced(record, monkeypatch):
+    fake_timings(monkeypatch, True)
+    assert linear.onednn_is_faster()
+    machine.keep_run("a kind", "eager", lambda kept: {"steps_per_s": 5.0, "runs": 1})
+    machine.keep_run("a kind", "eager", lambda kept: {**kept, "runs": kept["runs"] + 1})  # given what is kept
+    assert machine.runs("a kind") == {"eager": {"steps_per_s": 5.0, "runs": 2}} and machine.runs("another") == {}
+    new_process(monkeypatch)
+    timed = fake_timings(monkeypatch, False)
+    assert linear.onednn_is_faster() and timed == []  # the answer is read beside the runs, not timed again
+    entry = json.loads(record.read_text())[machine.identity()]
+    assert entry == {"onednn_is_faster": True, "runs": {"a kind": {"eager": {"steps_per_s": 5.0, "runs": 2}}}}
+    record.write_text(json.dumps({machine.identity(): {"runs": {"a kind": {"eager": {"steps_per_s": "fast"}}}}}))
+    assert machine.runs("a kind") == {}  # not a record: read as none ...
+    with pytest.warns(UserWarning, match="could not be read"):
+        machine.keep_run("a kind", "eager", lambda kept: {"steps_per_s": 4.0})  # ... and replaced by the next
+    assert machine.runs("a kind") == {"eager": {"steps_per_s": 4.0}}

@@ -41,6 +41,7 @@ __all__ = [
     "CompileGuard",
     "GuardedCompile",
     "cache_dir",
+    "cache_holds_files",
     "compile_regions",
     "eagerly",
     "repeated_blocks",
@@ -59,6 +60,15 @@ def cache_dir() -> Path:
 
     given = os.environ.get(CACHE_ENV)
     return Path(given) if given and given != default_cache_dir() else _default_cache_dir()
+
+
+def cache_holds_files() -> bool:
+    """Whether the compile cache (``cache_dir``) holds anything. Inductor names its entries by hashes of the
+    graphs, which only compiling computes, so whether it holds a model's kernels cannot be asked; beside a
+    record that a compiled run of the model finished on this machine, this is how ``compile`` auto tells a
+    kept cache from an emptied one (``tinydit.runtime.choose_compile``)."""
+    path = cache_dir()
+    return path.is_dir() and any(entry.is_file() for entry in path.rglob("*"))
 
 
 def _default_cache_dir() -> Path:

@@ -178,7 +178,8 @@ class TrainConfig:
     # at start finds bf16 matmuls clearly faster; else fp32
     precision: str = "auto"
     # auto | on | off: torch.compile the training forward pass (on CUDA also sampling's); auto: on CUDA, and on
-    # a CPU with a C++ compiler for a `minutes` run long enough to win the compile time back
+    # a CPU with a C++ compiler for a `minutes` run where this machine's earlier runs of its kind held more steps
+    # compiled (with none recorded, a long enough one compiles, to measure)
     compile: str = "auto"
 
     # -- output: the run directory, what the run writes there, and how often --

@@ -9,9 +9,10 @@ The defaults are what measured fastest (``python benchmarks/bench_train.py --mod
   native bf16 emulate it at a crawl.
 - ``torch.compile`` on CPU makes a training step faster, but compiling the repeated blocks takes tens of
   seconds at the start of a run on a small CPU from an empty cache (seconds from the kept one,
-  ``tinydit.compiling``), which pays only after minutes of training, and it needs a C++ compiler: ``auto``
-  compiles a CPU training run only when its time budget is at least ``COMPILE_CPU_MINUTES`` and a
-  compiler is found, and never for sampling.
+  ``tinydit.compiling``), and how much faster a step gets differs from CPU to CPU: ``auto`` compiles a CPU
+  `minutes` run where a C++ compiler is found and this machine's earlier runs of the same kind measured
+  more steps in the budget compiled than eager (``choose_compile``; the record is ``tinydit.machine``'s),
+  and never a `steps` run or sampling.
 - CUDA: bf16 autocast where supported, and ``torch.compile``.
 
 Master weights, gradients, optimizer state and the EMA stay in fp32 in every mode: autocast lowers the
@@ -30,6 +31,7 @@ import shutil
 import time
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -49,6 +51,9 @@ __all__ = [
     "cpu_bf16_is_faster",
     "resolve_precision",
     "has_cxx_compiler",
+    "CompileChoice",
+    "choose_compile",
+    "record_run",
     "resolve_compile",
     "autocast",
     "make_grad_scaler",
@@ -196,10 +201,11 @@ def resolve_precision(name: str, device: torch.device) -> str:
     return name
 
 
-# A CPU training run with a time budget of at least this many minutes compiles under `auto`. A cold
-# compilation of the blocks costs tens of seconds of a small CPU's budget at the first step, and then each
-# step is faster: a budget this long wins a cold start back, a warm one (the kept cache) at once.
+# With no compiled run of its kind recorded on the machine, a CPU training run with a time budget of at least
+# this many minutes compiles under `auto`, from an empty cache, to measure it: a budget this long wins a cold
+# start back on the CPUs measured so far, a shorter one may not. Once measured, the record decides.
 COMPILE_CPU_MINUTES = 3.0
+EAGER = "eager"  # the way an uncompiled run ran, in the machine record; a compiled one's is compiled_way(cache)
 
 
 def has_cxx_compiler() -> bool:
@@ -208,22 +214,140 @@ def has_cxx_compiler() -> bool:
     return any(shutil.which(n) for n in names)
 
 
-def resolve_compile(flag: str | bool, device: torch.device, minutes: float | None = None) -> bool:
-    """'auto' compiles on CUDA, and on CPU only a training run with a time budget (``minutes``) of at
-    least ``COMPILE_CPU_MINUTES`` where a C++ compiler is found: a cold compilation costs tens of seconds on a
-    small CPU, which a shorter or open-ended CPU run (sampling, a `steps` run) is not measured to win back."""
-    if isinstance(flag, bool):
-        compiles = flag
-    elif flag == "auto":
-        cpu_run = device.type == "cpu" and minutes is not None and minutes >= COMPILE_CPU_MINUTES
-        compiles = device.type == "cuda" or (cpu_run and has_cxx_compiler())
-    elif flag in ("on", "off"):
-        compiles = flag == "on"
-    else:
+def compiled_way(cache: str) -> str:
+    """How a compiled run ran, in the machine record: from an "empty" or the "kept" cache."""
+    return f"compiled, {cache} cache"
+
+
+@dataclass(frozen=True)
+class CompileChoice:
+    """``compile`` resolved for a run: ``compiles``; ``why``, the reason `auto` gave for a CPU `minutes` run
+    ("" where a flag or the device decided); ``cache``, what a compiled CPU run of a known kind starts from
+    ("empty" or "kept"), under which its measurement is recorded."""
+
+    compiles: bool
+    why: str = ""
+    cache: str | None = None
+
+    @property
+    def way(self) -> str:
+        """How the run runs, as the machine record names it (``record_run``)."""
+        return compiled_way(self.cache) if self.compiles else EAGER
+
+
+def choose_compile(
+    flag: str | bool,
+    device: torch.device,
+    minutes: float | None = None,
+    kind: str | None = None,
+    began: bool | None = None,
+) -> CompileChoice:
+    """Whether a run compiles, and why. 'on' and 'off' decide; 'auto' compiles on CUDA, never on MPS, a CPU
+    `steps` run or sampling (``minutes`` None), and a CPU `minutes` run where a C++ compiler is found and
+    the runs of ``kind`` recorded on this machine say it pays (``_weigh``). ``began``: whether the run this
+    continues compiled (its checkpoint's), which `auto` keeps: the two round differently. Without ``kind``,
+    a long enough budget compiles, as a first run of a kind does."""
+    if isinstance(flag, bool) or flag in ("on", "off"):
+        choice = CompileChoice(flag in (True, "on"))
+    elif flag != "auto":
         raise TinyDiTError(f"`compile` must be auto, on or off; got {flag!r}")
-    if compiles and device.type == "cpu":
+    elif began is not None:
+        what = "compiling the model's blocks" if began else "not compiling"
+        why = f"{what}, as this run did when it began: the two round differently"
+        quiet = minutes is None and not began  # an eager `steps` run is what it would be anyway: nothing to say
+        choice = CompileChoice(began, "" if quiet else why)
+    elif device.type != "cpu" or minutes is None:
+        choice = CompileChoice(device.type == "cuda")
+    elif not has_cxx_compiler():  # Inductor would fail at the first step
+        choice = CompileChoice(False, "not compiling: no C++ compiler found ($CXX, g++, c++ or clang++)")
+    else:
+        choice = _weigh(minutes, machine.runs(kind) if kind is not None else {})
+    if device.type != "cpu":
+        return replace(choice, why="")
+    if choice.compiles:
         compile_scope()  # a bad TINYDIT_COMPILE_SCOPE is refused with the choice, before a run writes anything
-    return compiles
+        if kind is not None and choice.cache is None:  # `on`, or a continuation: measured all the same
+            choice = replace(choice, cache=_cache(machine.runs(kind)))
+    return choice
+
+
+def _weigh(minutes: float, runs: dict[str, dict[str, float]]) -> CompileChoice:
+    """`auto` on a CPU with a compiler, for a `minutes` run whose kind's earlier runs on this machine measured
+    ``runs`` (``machine.runs``): compile where the compiled runs' rate, over the budget less their start-up
+    (from the empty or the kept cache, as this run will start), holds more steps than the eager runs'.
+
+    What is not measured yet is measured first, so that every machine learns its own answer: a rule that
+    compiled only where compiling was measured to pay would never compile to measure it, and a rule that
+    never ran eagerly would never learn that eager wins. So a run whose compiled way is unrecorded compiles
+    (the first compiles from an empty cache, as every CPU run of ``COMPILE_CPU_MINUTES`` or more did before
+    the record: no worse than that; a shorter one runs eagerly, unless the cache is kept, which starts in
+    seconds), even where an eager rate is known; then, with no eager run recorded, one runs eagerly. Each
+    costs a kind at most one run's difference, once per machine."""
+    cache = _cache(runs)
+    compiled, eager = runs.get(compiled_way(cache)), runs.get(EAGER)
+    start = "the kept cache" if cache == "kept" else "an empty cache"
+    if compiled is None:
+        if cache == "kept" or minutes >= COMPILE_CPU_MINUTES:
+            why = f"compiling to measure: no compiled run of this model from {start} is recorded on this machine yet"
+            return CompileChoice(True, why, cache)
+        return CompileChoice(
+            False,
+            f"not compiling: a {minutes:g}-minute run is too short to compile from an empty cache before a compiled "
+            "run of this model is recorded on this machine",
+        )
+    if eager is None:
+        why = "not compiling, to measure: no eager run of this model is recorded on this machine yet, to weigh the "
+        return CompileChoice(False, why + "compiled one against")
+    seconds = 60 * minutes
+    steps_compiled, steps_eager = _steps(compiled, seconds), _steps(eager, seconds)
+    if steps_compiled > steps_eager:
+        return CompileChoice(
+            True,
+            f"compiling the model's blocks: on this machine a compiled {minutes:g}-minute run of this model holds "
+            f"about {steps_compiled:,} steps from {start}, an eager one {steps_eager:,}",
+            cache,
+        )
+    return CompileChoice(
+        False,
+        f"not compiling: on this machine an eager {minutes:g}-minute run of this model holds about {steps_eager:,} "
+        f"steps, a compiled one {steps_compiled:,} from {start}",
+    )
+
+
+def _cache(runs: dict[str, dict[str, float]]) -> str:
+    """What a compiled run starts from: "kept" where a compiled run of its kind has finished on this machine and
+    the compile cache still holds files (Inductor cannot be asked whether it holds this model's), else "empty"."""
+    compiled_before = any(way != EAGER for way in runs)
+    return "kept" if compiled_before and compiling.cache_holds_files() else "empty"
+
+
+def _steps(measured: dict[str, float], seconds: float) -> int:
+    """The steps a run that measured ``measured`` (``record_run``) holds in a budget of ``seconds``."""
+    return int(measured["steps_per_s"] * max(seconds - measured["first_step_s"], 0.0))
+
+
+def record_run(kind: str, choice: CompileChoice, first_step_s: float, steps_per_s: float) -> None:
+    """Keep what a CPU `minutes` run of ``kind`` measured in the machine record, under the way it ran: the
+    seconds of its budget until its first step ended (compiling, the first grid) and its steps per second
+    after that. The record keeps the best of each over the runs, as the probes keep their best of three:
+    a busy moment slows a run, nothing speeds one."""
+
+    def best(kept: dict[str, float] | None) -> dict[str, float]:
+        if kept is None:
+            return {"first_step_s": round(first_step_s, 2), "steps_per_s": round(steps_per_s, 3), "runs": 1}
+        return {
+            "first_step_s": min(kept["first_step_s"], round(first_step_s, 2)),
+            "steps_per_s": max(kept["steps_per_s"], round(steps_per_s, 3)),
+            "runs": kept.get("runs", 0) + 1,
+        }
+
+    machine.keep_run(kind, choice.way, best)
+
+
+def resolve_compile(flag: str | bool, device: torch.device, minutes: float | None = None) -> bool:
+    """Whether a run compiles, where no kind of run is known (sampling, ``choose_compile`` without ``kind``):
+    on CUDA, and on a CPU with a C++ compiler for a `minutes` run of at least ``COMPILE_CPU_MINUTES``."""
+    return choose_compile(flag, device, minutes).compiles
 
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:

@@ -1,10 +1,15 @@
 """When a run stops and how its learning rate runs: the ``Budget`` (steps or minutes, the warm-up, the
-cool-down and its plan, whether compiling pays) and the ``Clock`` of the seconds trained.
+cool-down and its plan, whether compiling pays, and the pace this process trains at) and the ``Clock`` of
+the seconds trained.
 
 A `steps` run knows its schedule from the start. A `minutes` run with a cool-down (``cooldown_frac``)
 cannot: its step count depends on the machine's rate. It plans once, as late as the decay allows (when
 the steps the time left holds at the measured rate are the cool-down's share of the run), and keeps that
 plan in its checkpoint, so a continuation follows the same schedule.
+
+The pace of a CPU `minutes` run (the seconds to its first step, its steps per second after it) is kept in
+the machine record under the kind of run it is (``speed_key``), whether it compiled and from which cache, so
+that `compile` auto weighs the two ways by what they measured on this machine (``tinydit.runtime``).
 
 A finished `minutes` run given more minutes is extended: from the step it stopped at (the plan's
 ``from_step``), the learning rate is back at its peak, with no new warm-up, and a new cool-down is
@@ -21,10 +26,10 @@ import torch
 
 from tinydit.config import TrainConfig
 from tinydit.errors import TinyDiTError
-from tinydit.runtime import resolve_compile
+from tinydit.runtime import CompileChoice, choose_compile
 from tinydit.train import optim
 
-__all__ = ["Budget", "Clock", "PLAN_AT", "PLAN_MARGIN"]
+__all__ = ["Budget", "Clock", "PLAN_AT", "PLAN_MARGIN", "speed_key"]
 
 # A time-budget run measures its rate once this share of its budget has passed in the process (compiling,
 # caching and the first grid come before; the rate is steady by then); its cool-down must start after that.
@@ -33,6 +38,27 @@ PLAN_AT = 0.1
 # a promise, and the rate can still fall (a sample grid, the validation batch, a busy machine). If it
 # falls further than that, the clock still ends the run, mid-cool-down.
 PLAN_MARGIN = 0.9
+
+
+def speed_key(cfg: TrainConfig, preset: str, precision: str, processes: int) -> str:
+    """The kind of run resolved ``cfg`` is, as far as the cost of its steps goes (the model and its switches,
+    the data, the objective, the precision, the batch and the processes; ``preset`` is the run's, a student's
+    its teacher's): runs of one kind compile the same graphs and train at one pace on a machine. The machine
+    record keeps their pace under it, in words."""
+    switches = [f"{name} {value}" for name, value in sorted(cfg.arch_overrides().items())]
+    few_step = [cfg.few_step] if cfg.few_step != "none" else []
+    return ", ".join(
+        [
+            f"{cfg.model} {preset}",
+            f"{cfg.data} {cfg.cond}",
+            *switches,
+            *few_step,
+            *(["repa"] if cfg.repa else []),  # the encoder's pass; its weight costs nothing
+            precision,
+            f"batch {cfg.batch_size}",
+            *([f"{processes} processes"] if processes > 1 else []),
+        ]
+    )
 
 
 class Clock:
@@ -72,6 +98,9 @@ class Budget:
         self.plan = plan
         self._start: tuple[int, float] = (step, 0.0)
         self._rate_from: tuple[int, float] | None = None
+        self._before = seconds  # trained by earlier invocations: this process's pace is measured from there
+        self._first: tuple[int, float] | None = None  # (step, seconds) as this process's first step ended
+        self._last: tuple[int, float] | None = None  # ... and as its latest did
 
     def _replan(self, plan: dict, step: int, seconds: float, where: str) -> dict | None:
         """What becomes of ``plan`` under another time budget: planned again where nothing depended on it,
@@ -106,9 +135,26 @@ class Budget:
             f"so the run will not equal one run of {new:g} minutes"
         )
 
-    def compiles(self, device: torch.device) -> bool:
-        """Whether this run compiles its model: a time budget long enough to win the compile time back."""
-        return resolve_compile(self.cfg.compile, device, self.cfg.minutes)
+    def compile_choice(self, device: torch.device, kind: str, began: bool | None = None) -> CompileChoice:
+        """Whether this run compiles its model, and why: under `auto`, a CPU time budget compiles where this
+        machine's earlier runs of ``kind`` (``speed_key``) held more steps compiled; a continuation keeps
+        what the run ``began`` with."""
+        return choose_compile(self.cfg.compile, device, self.cfg.minutes, kind, began)
+
+    def tick(self, step: int, seconds: float) -> None:
+        """Rank 0's reading of the clock as each step ends: its pace (``pace``)."""
+        if self._first is None:
+            self._first = (step, seconds)
+        self._last = (step, seconds)
+
+    def pace(self) -> tuple[float, float] | None:
+        """This process's (seconds until its first step ended, steps per second after it); None before a step
+        after the first. The start-up holds all that the first step waited for (compiling, the first grid),
+        so a budget of T seconds holds about rate * (T - start-up) steps, eager or compiled."""
+        if self._first is None or self._last[0] == self._first[0]:
+            return None
+        (step0, seconds0), (step1, seconds1) = self._first, self._last
+        return seconds0 - self._before, (step1 - step0) / max(seconds1 - seconds0, 1e-9)
 
     def start(self, step: int, seconds: float) -> None:
         """This process begins training at ``step`` with ``seconds`` already trained: the rate is measured from here."""

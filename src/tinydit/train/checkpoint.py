@@ -18,8 +18,10 @@ from tinydit.errors import TinyDiTError
 from tinydit.flow.meanflow import TIME_SCALE as MEANFLOW_TIME_SCALE
 from tinydit.models.checkpoint import Checkpoint
 from tinydit.models.registry import preset_config
+from tinydit.runtime import resolve_compile
 
 __all__ = [
+    "began_compiled",
     "check_same_run",
     "check_same_schedule",
     "model_config_for",
@@ -90,6 +92,18 @@ def model_config_for(cfg: TrainConfig, fields: dict, ckpt: Checkpoint | None, te
     if ckpt is not None and all(getattr(ckpt.config, f) == getattr(config, f) for f in fields):
         return ckpt.config
     return config
+
+
+def began_compiled(ckpt: Checkpoint | None, device: torch.device, precision: str, minutes: float | None) -> bool | None:
+    """Whether the run in ``ckpt`` compiled, where it trained on this kind of device in this precision: under
+    `compile` auto a continuation keeps that, as it keeps its token-linear kernel (the two round differently),
+    whatever the machine record says now. None for a new run, or one that trained on another device or in
+    another precision. A checkpoint written before this was kept compiled as `auto` then chose: by the
+    `minutes` alone (``resolve_compile``)."""
+    saved = ckpt.kernels if ckpt is not None else None
+    if saved is None or (saved["device"], saved["precision"]) != (device.type, precision):
+        return None
+    return saved["compiled"] if "compiled" in saved else resolve_compile("auto", device, minutes)
 
 
 def restore(ckpt: Checkpoint, kind: str, config, classes: list[str], model, ema, opt, scaler) -> tuple[int, float]:

@@ -22,11 +22,12 @@ from tinydit.flow import distill
 from tinydit.flow.path import N_T_BINS
 from tinydit.models.dit import count_params
 from tinydit.progress import Progress
+from tinydit.runtime import CompileChoice
 from tinydit.train.data import RunData
 from tinydit.train.run import Run
 from tinydit.version import __version__
 
-__all__ = ["RunLog"]
+__all__ = ["RunLog", "compile_line"]
 
 
 class RunLog:
@@ -105,10 +106,11 @@ class RunLog:
         step: int,
         device: torch.device,
         precision: str,
-        compiled: bool,
+        choice: CompileChoice,
     ) -> None:
         """The start-up lines of a run of resolved config ``cfg``: what trains on what, or where it continues,
-        and on what (the device and precision `auto` chose, where they were auto)."""
+        and on what (the device and precision `auto` chose, where they were auto), then whether it compiles and
+        why, where `compile` auto weighed it."""
         where = f"{device} in {precision}"
         if step:
             self.say(f"continuing {cfg.out} from step {step} on {where}")
@@ -120,11 +122,9 @@ class RunLog:
                 f"training {what} ({params / 1e6:.2f}M parameters) on {data.name} ({len(ds)} images, "
                 f"{ds.channels}x{ds.img_size}x{ds.img_size}{held}) on {where}; run directory {cfg.out}"
             )
-        if compiled and cfg.compile == "auto" and device.type == "cpu":
-            self.say(
-                f"compiling the model's blocks: a CPU run of {cfg.minutes:g} minutes wins back the half-minute "
-                f"it takes from an empty cache (kept in {compiling.cache_dir()}; --compile off to skip)"
-            )
+        line = compile_line(choice)
+        if line is not None:
+            self.say(line)
 
     def write_config(self, cfg, preset: str, data: RunData, model_config, run: Run, processes: int) -> None:
         """``config.json`` of a run: the resolved training config ``cfg`` and model config, what the run runs
@@ -169,6 +169,15 @@ class RunLog:
         else:
             bins = " ".join(f"{v:.3f}" for v in by_t)
             self.say(f"EMA val loss by t (0 = data ... 1 = noise, {N_T_BINS} bins): {bins}")
+
+
+def compile_line(choice: CompileChoice) -> str | None:
+    """The one line that says whether a run compiles and why, where `compile` auto weighed it; else None."""
+    if not choice.why:
+        return None
+    if not choice.compiles:
+        return choice.why
+    return f"{choice.why} (kept in {compiling.cache_dir()}; --compile off to skip)"
 
 
 def _scalars(record: dict):

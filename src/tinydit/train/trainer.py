@@ -32,10 +32,10 @@ from tinydit.flow.settings import SamplingSettings, recommended_sampling
 from tinydit.models.checkpoint import Checkpoint, load_checkpoint, unwrap
 from tinydit.models.registry import build_model
 from tinydit.paths import RUN, check_out, read_paths
-from tinydit.runtime import autocast, resolve_device, resolve_precision
+from tinydit.runtime import autocast, compile_scope, record_run, resolve_device, resolve_precision
 from tinydit.train import optim
-from tinydit.train.budget import Budget, Clock
-from tinydit.train.checkpoint import GracefulInterrupt, check_same_run, model_config_for
+from tinydit.train.budget import Budget, Clock, speed_key
+from tinydit.train.checkpoint import GracefulInterrupt, began_compiled, check_same_run, model_config_for
 from tinydit.train.data import BatchOrder, prepare_data
 from tinydit.train.diagnostics import sample_grid, validation_losses
 from tinydit.train.events import Actions, Events, best_metric
@@ -117,7 +117,10 @@ class Trainer:
         step, plan = (state.step, state.plan) if state is not None else (0, None)
         seconds = (state.train_seconds or 0.0) if state is not None else 0.0
         self.budget = Budget(cfg, step, plan, str(self.out), seconds)
-        self.compiled = self.budget.compiles(self.device)
+        self.kind = speed_key(cfg, self.preset, self.precision, self.world.size)
+        began = began_compiled(state, self.device, self.precision, cfg.minutes)
+        self.compile_choice = self.budget.compile_choice(self.device, self.kind, began)
+        self.compiled = self.compile_choice.compiles
         with self.world.main_first():  # rank 0 downloads, decodes and caches; the others then read its files
             self.data = prepare_data(cfg, state, dataset, val_dataset)
         if main:
@@ -179,7 +182,13 @@ class Trainer:
             best=self.events.best,
             sampling=self.sampling.to_json(),
             plan=self.budget.plan,
-            kernels={"device": self.device.type, "precision": self.precision, **self.run.kernels()},
+            # what it trained with: a continuation keeps the kernels and whether it compiled (they round differently)
+            kernels={
+                "device": self.device.type,
+                "precision": self.precision,
+                "compiled": self.compiled,
+                **self.run.kernels(),
+            },
         )
 
     def save(self, name: str | None = None) -> Path:
@@ -267,6 +276,16 @@ class Trainer:
                 progress=self.progress,
             )
 
+    def _record_pace(self) -> None:
+        """A CPU `minutes` run's pace into the machine record, under its kind and the way it ran: what `compile`
+        auto weighs for the next run of its kind (``tinydit.runtime.choose_compile``). A run that compiled the
+        whole model (TINYDIT_COMPILE_SCOPE) is not the way auto would compile it: not recorded."""
+        pace = self.budget.pace()
+        if pace is None or self.cfg.minutes is None or self.device.type != "cpu":
+            return
+        if not self.compiled or compile_scope() == "blocks":
+            record_run(self.kind, self.compile_choice, *pace)
+
     def close(self) -> None:
         """Let go of the run directory without training (``fit`` does it when it ends)."""
         self.lock.release()
@@ -286,7 +305,7 @@ class Trainer:
             ended_by = "--steps" if cfg.steps is not None and run.step >= cfg.steps else "--minutes"
             log.say(f"{self.out}: already trained to step {run.step}; raise {ended_by} to continue")
             return TrainResult(run.step, run.train_seconds, None, None, self.ckpt_path, None)
-        log.announce(cfg, self.preset, self.data, run.model, run.step, self.device, run.precision, self.compiled)
+        log.announce(cfg, self.preset, self.data, run.model, run.step, self.device, run.precision, self.compile_choice)
         if budget.extension_note():  # a finished `minutes` run given more: said, and recorded where it began
             log.say(budget.extension_note())
             log.record({"step": run.step, "extends": budget.extended, "plan": budget.plan})
@@ -302,7 +321,12 @@ class Trainer:
                 log.bar.update(1)
                 # One decision for all ranks: their clocks and signals differ, their steps must not.
                 # Rank 0's clock is the run's: it alone spends time on validation, grids and evaluation.
-                done = budget.done(run.step, clock()) if world.main else budget.steps_done(run.step)
+                if world.main:
+                    seconds = clock()
+                    budget.tick(run.step, seconds)  # the pace the machine record keeps
+                    done = budget.done(run.step, seconds)
+                else:
+                    done = budget.steps_done(run.step)
                 due = budget.due_plan(run.step, clock()) if world.main else None
                 done, interrupt.requested, plan = world.any(done, interrupt.requested, due is not None)
                 if plan:
@@ -321,6 +345,7 @@ class Trainer:
             world.barrier()  # the checkpoint is whole before any rank exits
             raise KeyboardInterrupt
         if world.main:
+            self._record_pace()
             events.finish(run.step)
             if cfg.report:
                 write_run_report(self.out)
