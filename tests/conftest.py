@@ -3,12 +3,14 @@ import runpy
 import shutil
 import sys
 import tempfile
+import types
 from pathlib import Path
 
 import pytest
 import torch
 from filelock import FileLock
 
+import tinydit.train.budget as budget_module
 from tinydit.config import TrainConfig
 from tinydit.train import Trainer
 
@@ -150,3 +152,17 @@ def chromium(profile, *args: str) -> list[str]:
         f"--user-data-dir={profile}",
         *args,
     ]
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """A fake clock for time budgets (tinydit.train.budget): every reading advances it 0.01 s. Returns the
+    one-element list that holds the time, which a test may set (``clock[0] = 0.0``)."""
+    now = [0.0]
+
+    def perf_counter():
+        now[0] += 0.01
+        return now[0]
+
+    monkeypatch.setattr(budget_module, "time", types.SimpleNamespace(perf_counter=perf_counter, time=perf_counter))
+    return now

@@ -7,13 +7,11 @@ so the plan is the same in every process that runs the same code path."""
 import json
 import shutil
 import signal
-import types
 
 import pytest
 import torch
 from conftest import fast_config
 
-import tinydit.train.budget as budget_module
 import tinydit.train.trainer as trainer_module
 from tinydit.errors import TinyDiTError
 from tinydit.models.checkpoint import load_checkpoint
@@ -22,19 +20,6 @@ from tinydit.train.budget import PLAN_AT
 from tinydit.train.resolve import BUDGET_COOLDOWN_FRAC, resolve
 
 KW = dict(steps=None, minutes=0.025, cooldown_frac=0.3, batch_size=8, limit=20, warmup=2, log_every=5, val_every=10**6)
-
-
-@pytest.fixture
-def clock(monkeypatch):
-    now = [0.0]
-
-    def perf_counter():
-        now[0] += 0.01
-        return now[0]
-
-    fake = types.SimpleNamespace(perf_counter=perf_counter, time=perf_counter)
-    monkeypatch.setattr(budget_module, "time", fake)
-    return now
 
 
 def _lrs(run) -> dict[int, float]:

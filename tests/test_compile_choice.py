@@ -10,7 +10,6 @@ import pytest
 import torch
 from conftest import fast_config
 
-import tinydit.train.budget as budget_module
 from tinydit import compiling, machine, runtime
 from tinydit.errors import TinyDiTError
 from tinydit.models.checkpoint import load_checkpoint
@@ -176,18 +175,6 @@ def test_the_record_keeps_the_best_of_each_measurement_and_the_probes_beside_it(
     assert machine.answer("probe", lambda: True) is True  # a record with runs is a record: read, not replaced
     assert machine.runs(KIND)[EAGER]["runs"] == 2 and machine.runs("another kind") == {}
     assert json.loads(record.read_text())[machine.identity()]["probe"] is True
-
-
-@pytest.fixture
-def clock(monkeypatch):
-    """A fake clock, 0.01 s a reading (as tests/test_budget_schedule.py's)."""
-    now = [0.0]
-
-    def perf_counter():
-        now[0] += 0.01
-        return now[0]
-
-    monkeypatch.setattr(budget_module, "time", types.SimpleNamespace(perf_counter=perf_counter, time=perf_counter))
 
 
 def test_a_run_records_its_pace_and_a_continuation_keeps_its_choice_whatever_the_record_says_now(
