@@ -148,7 +148,7 @@ def test_a_model_without_the_interval_is_refused():
         check_jvp(DiT(DiTConfig(dim=32, depth=1, n_heads=2)), torch.device("cpu"))
 
 
-KW = dict(steps=6, batch_size=8, limit=24, few_step="meanflow")
+KW = dict(steps=6, batch_size=8, limit=24, objective="meanflow")
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +168,7 @@ def test_a_meanflow_run_resumes_exactly_and_samples_in_one_step_by_default(meanf
     for k, v in straight.run.model.state_dict().items():
         assert torch.equal(v, resumed.run.model.state_dict()[k]), k
     state = load_checkpoint(run / "checkpoint.pt")
-    assert state.few_step == "meanflow" and state.train().meanflow_cfg == 2.0
+    assert state.objective == "meanflow" and state.train().meanflow_cfg == 2.0
     assert {k: state.sampling[k] for k in ("sampler", "steps", "cfg_scale")} == dict(
         sampler="euler", steps=1, cfg_scale=1.0
     )
@@ -221,10 +221,10 @@ def test_a_one_step_model_samples_the_same_in_onnx(meanflow_run, tmp_path):
 @pytest.mark.parametrize(
     "flags, says",
     [
-        (["--few-step", "shortcut", "--repa", "0.5"], "repa"),
+        (["--objective", "shortcut", "--repa", "0.5"], "repa"),
         (["--meanflow-cfg", "2"], "--meanflow-cfg"),
-        (["--few-step", "meanflow", "--meanflow-cfg", "0.5"], "--meanflow-cfg"),
-        (["--few-step", "meanflow", "--teacher", "x.pt"], "teacher"),
+        (["--objective", "meanflow", "--meanflow-cfg", "0.5"], "--meanflow-cfg"),
+        (["--objective", "meanflow", "--teacher", "x.pt"], "teacher"),
     ],
 )
 def test_combinations_that_make_no_sense_are_one_error_line(tmp_path, capsys, flags, says):

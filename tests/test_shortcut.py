@@ -82,7 +82,7 @@ def test_euler_tells_a_shortcut_model_its_step_size_and_heun_asks_for_the_veloci
 
 
 def test_shortcut_training_resumes_exactly_and_samples_in_one_step(tmp_path, capsys):
-    kw = dict(steps=4, batch_size=8, limit=24, few_step="shortcut")
+    kw = dict(steps=4, batch_size=8, limit=24, objective="shortcut")
     straight = Trainer(fast_config(tmp_path / "a", **kw), progress=False)
     straight.fit()
     Trainer(fast_config(tmp_path / "b", **{**kw, "steps": 2}), progress=False).fit()
@@ -110,13 +110,13 @@ def test_shortcut_training_resumes_exactly_and_samples_in_one_step(tmp_path, cap
         ]
     )
     assert code == 0 and "1 model evaluations per image" in capsys.readouterr().err
-    with pytest.raises(Exception, match="few_step: 'shortcut' -> 'none'"):
-        Trainer(fast_config(tmp_path / "a", **{**kw, "few_step": "none", "steps": 5}), progress=False)
+    with pytest.raises(Exception, match="objective: 'shortcut' -> 'flow'"):
+        Trainer(fast_config(tmp_path / "a", **{**kw, "objective": "flow", "steps": 5}), progress=False)
 
 
 def test_shortcut_loss_falls_in_a_short_run(tmp_path):
     trainer = Trainer(
-        fast_config(tmp_path, steps=30, batch_size=32, limit=256, few_step="shortcut", log_every=10), progress=False
+        fast_config(tmp_path, steps=30, batch_size=32, limit=256, objective="shortcut", log_every=10), progress=False
     )
     first = trainer.validation_losses(trainer.run.ema)[0]
     result = trainer.fit()

@@ -156,6 +156,9 @@ def _add_train(sub) -> None:
     run_dir.add_argument("--overwrite", action="store_true", help="start afresh even if RUN_DIR holds a run")
     for name, group in (("progress", "output"), ("nproc", "device")):
         groups[group].add_argument(FLAGS[name][0], dest=name, **FLAGS[name][1])
+    # the flag --objective had before it had its name (none: flow), kept for a release
+    old = ("none", *(name for name in api.TRAIN_CHOICES["objective"] if name != "flow"))
+    p.add_argument("--few-step", dest="few_step", choices=old, default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_train)
 
 
@@ -200,6 +203,9 @@ def _command(args: argparse.Namespace) -> str:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    if args.few_step is not None:
+        args.objective = "flow" if args.few_step == "none" else args.few_step
+        print(f"tinydit train: --few-step is deprecated: use --objective {args.objective}", file=sys.stderr)
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
     api.train(cfg, overwrite=args.overwrite, resume=args.resume, progress=args.progress)
     return 0
