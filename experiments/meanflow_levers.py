@@ -60,7 +60,9 @@ def main() -> None:
     from tinydit.train.trainer import Trainer
 
     fields = {"repa": 0.5} | {k: parse_value(v) for k, v in (a.split("=", 1) for a in args.set)}
-    cfg = TrainConfig(data=args.data, minutes=args.minutes, objective="meanflow", seed=args.seed, out=args.out, **fields)
+    cfg = TrainConfig(
+        data=args.data, minutes=args.minutes, objective="meanflow", seed=args.seed, out=args.out, **fields
+    )
 
     def below(t, s, generator=None, share=R_NEQ_T):
         """r ~ U(0, t) for a share of the images; the rest keep r = t (``s`` is drawn and not used)."""
@@ -82,7 +84,9 @@ def main() -> None:
         first where asked."""
 
         def draw_times(self, t, draw_t, generator):
-            return below(t, draw_t(), generator) if args.interval == "below" else super().draw_times(t, draw_t, generator)
+            return (
+                below(t, draw_t(), generator) if args.interval == "below" else super().draw_times(t, draw_t, generator)
+            )
 
         def __call__(self, forward, model, b):
             guidance = FoldedGuidance(b.guidance, ~b.drop, b.null)

@@ -452,8 +452,8 @@ def test_learning_rate_defaults_by_data_and_is_written_down(tmp_path):
 
 def test_the_objective_the_model_builder_and_the_optimizer_are_parameters_of_the_run(tmp_path):
     """An experiment swaps a part of the run by passing it, without monkeypatching the trainer or its modules."""
-    from tinydit.models.registry import build_model
     from tinydit.flow.objectives import StepLoss, flow_matching
+    from tinydit.models.registry import build_model
 
     seen = {}
 

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from tinydit.config import TrainConfig
-from tinydit.flow.objectives import DEFAULT_OBJECTIVE, OBJECTIVES
 from tinydit.eval import plot, sweep
+from tinydit.flow.objectives import DEFAULT_OBJECTIVE, OBJECTIVES
 from tinydit.flow.settings import SAMPLING_RECORDS
 from tinydit.runtime import COMPILE_CPU_MINUTES, resolve_compile
 from tinydit.train.resolve import resolve

@@ -339,5 +339,7 @@ class TrainConfig:
         which upgrades what older releases stored), its types and values checked, errors naming ``key`` and
         the field; a field this release no longer has is left out, but a renamed one is refused rather than lost."""
         if "few_step" in d:
-            raise TinyDiTError(f"{key}.few_step is `objective` as older releases named it: read it with Checkpoint.load")
+            raise TinyDiTError(
+                f"{key}.few_step is `objective` as older releases named it: read it with Checkpoint.load"
+            )
         return build(cls, d, key, unknown="drop")
