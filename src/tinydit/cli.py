@@ -156,9 +156,6 @@ def _add_train(sub) -> None:
     run_dir.add_argument("--overwrite", action="store_true", help="start afresh even if RUN_DIR holds a run")
     for name, group in (("progress", "output"), ("nproc", "device")):
         groups[group].add_argument(FLAGS[name][0], dest=name, **FLAGS[name][1])
-    # the flag --objective had before it had its name (none: flow), kept for a release
-    old = ("none", *(name for name in api.TRAIN_CHOICES["objective"] if name != "flow"))
-    p.add_argument("--few-step", dest="few_step", choices=old, default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_train)
 
 
@@ -203,9 +200,6 @@ def _command(args: argparse.Namespace) -> str:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    if args.few_step is not None:
-        args.objective = "flow" if args.few_step == "none" else args.few_step
-        print(f"tinydit train: --few-step is deprecated: use --objective {args.objective}", file=sys.stderr)
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
     api.train(cfg, overwrite=args.overwrite, resume=args.resume, progress=args.progress)
     return 0
@@ -279,8 +273,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _renamed(argv: list[str]) -> list[str]:
+    """``tinydit train --few-step X``, the name --objective had before (none: flow), kept for a release as
+    --objective, said in one line."""
+    if not argv or argv[0] != "train":
+        return argv
+    out = []
+    for i, a in enumerate(argv):
+        if a == "--few-step" and i + 1 < len(argv):
+            continue
+        if a.startswith("--few-step=") or (i and argv[i - 1] == "--few-step"):
+            value = a.removeprefix("--few-step=")
+            value = "flow" if value == "none" else value
+            print(f"tinydit train: --few-step is deprecated: use --objective {value}", file=sys.stderr)
+            out += ["--objective", value]
+        else:
+            out.append(a)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    argv = _renamed(sys.argv[1:] if argv is None else [str(a) for a in argv])
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = argv  # recorded in reports as the exact command
