@@ -53,10 +53,10 @@ def main() -> None:
 
     import torch
 
+    from tinydit.compiling import unwrap
     from tinydit.config import TrainConfig
     from tinydit.flow.meanflow import R_NEQ_T, FoldedGuidance, meanflow_loss
     from tinydit.flow.objectives import MeanFlow, StepLoss
-    from tinydit.models.checkpoint import unwrap
     from tinydit.train.trainer import Trainer
 
     fields = {"repa": 0.5} | {k: parse_value(v) for k, v in (a.split("=", 1) for a in args.set)}

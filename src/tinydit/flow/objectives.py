@@ -27,13 +27,13 @@ from dataclasses import dataclass
 
 import torch
 
+from tinydit.compiling import unwrap
 from tinydit.errors import TinyDiTError
 from tinydit.flow.distill import KNOTS, distill_loss
 from tinydit.flow.meanflow import MEANFLOW_CFG, TIME_SCALE, FoldedGuidance, check_jvp, draw_interval, meanflow_loss
 from tinydit.flow.path import flow_loss
 from tinydit.flow.samplers import FIXED_STEP_SAMPLERS
 from tinydit.flow.shortcut import FINEST_STEP, n_self_consistency, shortcut_loss
-from tinydit.models.checkpoint import unwrap
 
 __all__ = [
     "StepBatch",

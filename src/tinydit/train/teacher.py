@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from tinydit.checkpoints.checkpoint import Checkpoint, load_checkpoint, load_model
 from tinydit.errors import TinyDiTError
 from tinydit.files import torch_save
 from tinydit.flow.distill import KNOTS
@@ -21,7 +22,6 @@ from tinydit.flow.generate import class_cycle
 from tinydit.flow.objectives import PathBatch
 from tinydit.flow.samplers import sample_path
 from tinydit.flow.settings import SamplingSettings
-from tinydit.models.checkpoint import Checkpoint, load_checkpoint, load_model
 from tinydit.progress import Progress
 from tinydit.runtime import autocast
 
