@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from tinydit.data.names import BUILTIN_DATASETS
+from tinydit.data.registry import BUILTIN_DATASETS
 from tinydit.errors import TinyDiTError
 from tinydit.flow.grids import DEFAULT_SHIFT
 from tinydit.flow.samplers import DEFAULT_ETA, DEFAULT_TOL, SampleResult, check_sampler_args, sample
@@ -235,7 +235,7 @@ def _check_sampling_record(record: dict) -> tuple[tuple[str, str, str], Sampling
 
 def recommended_sampling(data: str, preset: str, cond: str, few_step: str = "none") -> SamplingSettings:
     """The sampler settings a new checkpoint records. ``data`` is the canonical name
-    (``tinydit.data.names.canonical_name``), as a checkpoint records it."""
+    (``tinydit.data.registry.canonical_name``), as a checkpoint records it."""
     if few_step == "distill":  # guidance is in the teacher's paths, and the student learned Euler jumps
         return SamplingSettings(
             "euler", 4, 1.0, source="a distilled student takes 1, 2, 4 or 8 Euler steps at guidance 1"
