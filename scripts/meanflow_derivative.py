@@ -15,7 +15,7 @@ import argparse
 
 import torch
 
-from tinydit.data.datasets import load_dataset
+from tinydit.data import load_dataset
 from tinydit.flow.meanflow import jvp_du_dt
 from tinydit.models.checkpoint import load_model
 
