@@ -416,8 +416,7 @@ def test_preset_defaults_by_model_data_and_conditioning():
     """None resolves through DEFAULT_DATA_PRESETS (shapes class runs: dit-1.4m), else the model's default;
     a named preset always wins, and the resolved name is what the run's config records."""
     from tinydit.config import TrainConfig
-    from tinydit.train.resolve import DEFAULT_DATA_PRESETS
-    from tinydit.train.resolve import resolve
+    from tinydit.train.resolve import DEFAULT_DATA_PRESETS, resolve
 
     def preset(**kw):
         return resolve(TrainConfig(**kw)).preset
