@@ -201,7 +201,7 @@ def _load_folder(
             warnings.warn(
                 f"{folder} is too small to hold images out ({len(everything)} images): "
                 "the validation loss is measured on training images",
-                stacklevel=5,
+                stacklevel=4,  # load_dataset's caller
             )
         keep = torch.arange(len(everything))
     return everything.subset(keep)
