@@ -29,7 +29,7 @@ from PIL import Image
 import tinydit.files as files_module
 from tinydit.checkpoints.checkpoint import load_checkpoint, load_model
 from tinydit.cli import main
-from tinydit.data.datasets import load_dataset
+from tinydit.data import load_dataset
 from tinydit.errors import TinyDiTError
 from tinydit.files import RunDirLock
 

@@ -391,7 +391,7 @@ def test_the_resolved_config_names_the_data_once_and_every_later_part_reads_that
     a Dataset given from Python); a run and its evaluation never make a name canonical again."""
     from torch.utils.data import TensorDataset
 
-    import tinydit.data.names as names
+    import tinydit.data.registry as names
     from tinydit.config import TrainConfig
     from tinydit.train.resolve import resolve
 
@@ -416,8 +416,7 @@ def test_preset_defaults_by_model_data_and_conditioning():
     """None resolves through DEFAULT_DATA_PRESETS (shapes class runs: dit-1.4m), else the model's default;
     a named preset always wins, and the resolved name is what the run's config records."""
     from tinydit.config import TrainConfig
-    from tinydit.models.presets import DEFAULT_DATA_PRESETS
-    from tinydit.train.resolve import resolve
+    from tinydit.train.resolve import DEFAULT_DATA_PRESETS, resolve
 
     def preset(**kw):
         return resolve(TrainConfig(**kw)).preset

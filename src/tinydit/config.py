@@ -4,7 +4,7 @@
 
 A leaf of the package (it imports only ``errors``, ``runtime`` and ``tokens``): the names a field may take
 belong to their owners (the presets to ``tinydit.models.presets``, the samplers to
-``tinydit.flow.samplers``, the data sets to ``tinydit.data.names``), and a run's ``None`` defaults are
+``tinydit.flow.samplers``, the data sets to ``tinydit.data.registry``), and a run's ``None`` defaults are
 filled once, from those owners and the data set, by ``tinydit.train.resolve.resolve``, which returns a new
 config: this one is never rewritten. The resolved config (and the model's ``DiTConfig``) is written to
 ``RUN_DIR/config.json`` and into every checkpoint. The ``tinydit train`` flags are made from its fields and
@@ -73,6 +73,7 @@ TRAJECTORY_FIELDS = (
     "cond",
     "holdout",
     "flip",
+    "img_size",
     "teacher",
     "teacher_sampler",
     "teacher_steps",
@@ -110,6 +111,9 @@ class TrainConfig:
     # mirror training images left-right at random; None: as the data set does, off for Fashion-MNIST (its
     # shoes all face one way) and on for shapes, CIFAR-10, image folders and Dataset objects
     flip: bool | None = None
+    # an image folder's side in pixels, a multiple of the model's patch size (48, 64); None: 32 for a folder,
+    # and a built-in data set's own size, the only one it takes
+    img_size: int | None = None
 
     # -- model: the network and its architecture switches --
 
@@ -234,7 +238,7 @@ class TrainConfig:
     def _check_data(self) -> None:
         check_text(self.data, "data", "a data set (shapes, fashion-mnist, cifar10) or a folder of images")
         check_text(self.data_root, "data_root", "the folder where data sets are kept")
-        self._check_at_least_one(limit=self.limit)
+        self._check_at_least_one(limit=self.limit, img_size=self.img_size)
         if self.classes is not None and not [c for c in self.classes.split(",") if c.strip()]:
             raise TinyDiTError(f"`classes` {self.classes!r} names no class: give names or ids, comma-separated")
 

@@ -56,7 +56,7 @@ TRAINING_STATE = ("model", "ema", "optimizer", "train_seconds", "rng")
 
 @dataclass(frozen=True)
 class DataRecord:
-    """What a checkpoint records of its data: the canonical name (``tinydit.data.names``), the class
+    """What a checkpoint records of its data: the canonical name (``tinydit.data.registry``), the class
     names in label order, the image shape and, for a text run, its sample grids' prompts."""
 
     name: str

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from tinydit.data.names import BUILTIN_DATASETS
+from tinydit.data.registry import BUILTIN_DATASETS
 from tinydit.errors import TinyDiTError
 from tinydit.flow.grids import DEFAULT_SHIFT
 from tinydit.flow.objectives import DEFAULT_OBJECTIVE, objective_named
@@ -225,7 +225,7 @@ def _check_sampling_record(record: dict) -> tuple[tuple[str, str, str], Sampling
 def recommended_sampling(data: str, preset: str, cond: str, objective: str = DEFAULT_OBJECTIVE) -> SamplingSettings:
     """The sampler settings a new checkpoint records: its objective's own (``Objective.sampling``), else the
     measured record for its data set and preset. ``data`` is the canonical name
-    (``tinydit.data.names.canonical_name``), as a checkpoint records it."""
+    (``tinydit.data.registry.canonical_name``), as a checkpoint records it."""
     own = objective_named(objective).sampling
     if own is not None:
         return SamplingSettings.from_json(own)

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tinydit.data.registry import DATASETS
 from tinydit.errors import TinyDiTError
 from tinydit.eval.features import load_feature_net
 from tinydit.flow.objectives import OBJECTIVES, Objective
@@ -34,9 +35,9 @@ __all__ = [
     "repa_encoder",
 ]
 
-# data set -> the shipped encoder whose features the tokens are aligned to
-# (scripts/train_feature_net.py --name, recorded in assets/feature_nets.json)
-REPA_ENCODERS = {"shapes": "shapes_repa", "fashion-mnist": "fmnist_repa"}
+# data set -> the shipped encoder whose features the tokens are aligned to, as the data sets' records name
+# them (scripts/train_feature_net.py --name, recorded in assets/feature_nets.json)
+REPA_ENCODERS = {r.name: r.repa_encoder for r in DATASETS.values() if r.repa_encoder}
 # the tokens after this many blocks are aligned: early, so that the later blocks build on what they learn
 REPA_DEPTH = 2
 PROJECTOR_WIDTH = 256  # the projector's hidden width (REPA's is 2048 for 1152-wide tokens)
