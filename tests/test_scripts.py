@@ -66,8 +66,8 @@ def test_compare_runs_prints_the_runs_validation_losses_at_a_shared_step(tiny_ru
     code, out, _ = run_script(SCRIPTS / "compare_runs.py", [str(run), str(again), "--every", "4"], capsys)
     assert code == 0
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    last = [r for r in records if "val_loss_ema" in r][-1]
-    numbers = [f"{last['val_loss_ema']:.4f}", *(f"{v:.3f}" for v in last["val_loss_ema_by_t"])]
+    last = [r for r in records if "val_loss_ema_even_t" in r][-1]
+    numbers = [f"{last['val_loss_ema_even_t']:.4f}", *(f"{v:.3f}" for v in last["val_loss_ema_by_t"])]
     rows = [line.split() for line in out.splitlines()[1:]]
     assert [r for r in rows if r[0] == str(last["step"])] == [
         [str(last["step"]), str(name), *numbers] for name in (run, again)
