@@ -113,6 +113,9 @@ def test_the_report_is_one_self_contained_page(evaluated_run):
     for png in pngs:
         assert Image.open(io.BytesIO(png)).size[0] > 0
     assert "http://" not in page and "https://" not in page and "<script" not in page
+    # the evaluations' protocol beside them, and why the two validation losses differ beside the loss
+    assert "Protocol: shapes_cnn features; reference shapes test" in page and "; 20 samples; " in page
+    assert "they differ in their times only" in page and "is not overfitting" in page
     for text in (
         "Samples at the end",
         "Loss by t",

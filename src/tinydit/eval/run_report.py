@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 from tinydit.errors import TinyDiTError
+from tinydit.eval.protocol import describe_protocol, protocol_of
 from tinydit.files import read_lines, write_text
 
 __all__ = ["write_run_report", "read_metrics", "VAL_KEYS", "val_loss_even_t"]
@@ -259,8 +260,27 @@ def _evaluations(run_dir: Path) -> str:
         except ValueError:
             continue
         shown = [(k, v) for k, v in metrics.items() if not isinstance(v, (dict, list))]
-        out.append(f"<h3>{html.escape(str(path.parent.relative_to(run_dir)))}</h3>{_table(shown)}")
+        protocol = f"<p>Protocol: {html.escape(describe_protocol(protocol_of(metrics)))}</p>"
+        out.append(f"<h3>{html.escape(str(path.parent.relative_to(run_dir)))}</h3>{protocol}{_table(shown)}")
     return "".join(out)
+
+
+def _eval_protocol(records: list[dict], config: dict) -> str:
+    """What the evaluations during training were measured under, as the last one recorded it (a run from
+    before the record: what its config says)."""
+    line = next((r["eval/protocol"] for r in reversed(records) if isinstance(r.get("eval/protocol"), str)), None)
+    if line is None:
+        last = next((r for r in reversed(records) if "eval/n_samples" in r), None)
+        if last is None:
+            return ""
+        measured = {
+            "data": config.get("data", {}).get("name"),
+            "split": "test",  # evaluation during training scores against the test split
+            **{k.removeprefix("eval/"): v for k, v in last.items() if k.startswith("eval/")},
+            "precision": config.get("precision"),
+        }
+        line = describe_protocol(protocol_of(measured), sampling=False) + "; the checkpoint's recorded sampler"
+    return f"<p>Protocol: {html.escape(line)}. Scores compare only with scores of the same protocol.</p>"
 
 
 STYLE = """
@@ -326,7 +346,10 @@ def write_run_report(run_dir: str | Path) -> Path:
         ]
     distilled = train.get("few_step") == "distill"
     both = any(VAL_KEYS["train_t"][1] in r for r in records)  # the two validations: why they differ, said once
-    notes = {"Loss": f"<p>{html.escape(_why_curves_differ(config))}</p>" if both else ""}
+    notes = {
+        "Loss": f"<p>{html.escape(_why_curves_differ(config))}</p>" if both else "",
+        "Evaluation during training": _eval_protocol(records, config),
+    }
     for title, uri in (
         ("Loss", _loss_plot(records, distilled)),
         ("Loss by t", _loss_by_t_plot(records)),

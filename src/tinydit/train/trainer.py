@@ -274,7 +274,7 @@ class Trainer:
         return path
 
     @torch.no_grad()
-    def _score(self) -> dict[str, float]:
+    def _score(self) -> dict[str, float | str]:
         """``eval_n`` EMA samples, scored in the run's precision (its scores follow the run, not the machine),
         with the sampler settings the checkpoint records."""
         data, cfg = self.data, self.cfg
@@ -289,6 +289,7 @@ class Trainer:
                 seed=cfg.seed,
                 root=cfg.data_root,
                 progress=self.progress,
+                precision=self.precision,
             )
 
     def _record_pace(self) -> None:
