@@ -141,7 +141,8 @@ def linear_cka(x: torch.Tensor, y: torch.Tensor) -> float:
     ordering or the number of features. Computed in float64."""
     if x.dim() != 2 or y.dim() != 2 or x.shape[0] != y.shape[0]:
         raise TinyDiTError(
-            f"`x` and `y` must be (n, p) and (n, q) features of the same n inputs, got {tuple(x.shape)} and {tuple(y.shape)}"
+            f"`x` and `y` must be (n, p) and (n, q) features of the same n inputs, "
+            f"got {tuple(x.shape)} and {tuple(y.shape)}"
         )
     if x.shape[0] < 2:
         raise TinyDiTError(f"`x` and `y` need at least 2 inputs, got {x.shape[0]}")
