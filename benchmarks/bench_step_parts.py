@@ -37,10 +37,10 @@ from torch.utils.flop_counter import FlopCounterMode
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_train import COMPILED_PREFIX, MATMUL_KERNELS, describe_peak, matmul_peak, mfu_text  # noqa: E402
 
+from tinydit.compiling import unwrap  # noqa: E402
 from tinydit.config import TrainConfig  # noqa: E402
 from tinydit.flow.guidance import null_condition  # noqa: E402
 from tinydit.flow.path import flow_loss, sample_t  # noqa: E402
-from tinydit.models.checkpoint import unwrap  # noqa: E402
 from tinydit.runtime import autocast  # noqa: E402
 from tinydit.train import Trainer, optim  # noqa: E402
 

@@ -35,11 +35,11 @@ from pathlib import Path
 
 from bench_train import Workload, header, race
 
+from tinydit.checkpoints.checkpoint import load_model
 from tinydit.config import TrainConfig
 from tinydit.data.text import parse_phrases, tokenizer_of
 from tinydit.eval.adherence import GROUPS, confusion_table, markdown_table, measure
 from tinydit.flow.settings import SamplingSettings
-from tinydit.models.checkpoint import load_model
 from tinydit.models.dit import count_params
 from tinydit.runtime import resolve_device, resolve_precision
 from tinydit.train import Trainer

@@ -54,9 +54,9 @@ def main() -> None:
     import torch
 
     import tinydit.train.trainer as trainer_module
+    from tinydit.compiling import unwrap
     from tinydit.config import TrainConfig
     from tinydit.flow.meanflow import R_NEQ_T, FoldedGuidance, meanflow_loss
-    from tinydit.models.checkpoint import unwrap
     from tinydit.train.objectives import StepLoss
     from tinydit.train.trainer import Trainer
 

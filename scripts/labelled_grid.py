@@ -24,10 +24,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from tinydit import api  # noqa: E402
+from tinydit.checkpoints.checkpoint import load_checkpoint  # noqa: E402
+from tinydit.checkpoints.pretrained import reference_folder, reference_models  # noqa: E402
 from tinydit.data.text import tokenizer_of  # noqa: E402
 from tinydit.images import to_uint8  # noqa: E402
-from tinydit.models.checkpoint import load_checkpoint  # noqa: E402
-from tinydit.models.pretrained import reference_folder, reference_models  # noqa: E402
 
 
 def sample_panel(checkpoint: str, per_class: int, prompts: list[str] | None, seed: int) -> dict:

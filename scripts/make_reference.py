@@ -21,8 +21,8 @@ import tempfile
 from pathlib import Path
 
 from tinydit import api
+from tinydit.checkpoints.pretrained import CARD, CONFIG, REFERENCE, WEIGHTS, model_card, parameter_count
 from tinydit.files import atomic_write
-from tinydit.models.pretrained import CARD, CONFIG, REFERENCE, WEIGHTS, model_card, parameter_count
 
 
 def check(folder: Path, n: int, steps: int | None = None) -> dict:

@@ -15,9 +15,9 @@ import argparse
 
 import torch
 
+from tinydit.checkpoints.checkpoint import load_model
 from tinydit.data.datasets import load_dataset
 from tinydit.flow.meanflow import jvp_du_dt
-from tinydit.models.checkpoint import load_model
 
 INTERVALS = ((0.0, 1.0), (0.4, 0.8), (0.45, 0.5))  # (r, t): one step from noise, a middle, a short one
 

@@ -10,11 +10,11 @@ from conftest import FAST
 from torch.utils.data import Dataset
 
 from tinydit import api
+from tinydit.checkpoints.checkpoint import load_checkpoint
 from tinydit.cli import build_parser, main
 from tinydit.config import TrainConfig
 from tinydit.errors import TinyDiTError
 from tinydit.flags import add_config_flags, as_flags, field_comments, flags_of
-from tinydit.models.checkpoint import load_checkpoint
 
 
 class Stripes(Dataset):

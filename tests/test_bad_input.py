@@ -30,11 +30,10 @@ from safetensors.torch import load_file, save_file
 
 import tinydit
 from tinydit import api
+from tinydit.checkpoints.checkpoint import Checkpoint, load_model
+from tinydit.checkpoints.pretrained import CONFIG, WEIGHTS
 from tinydit.cli import main
 from tinydit.errors import TinyDiTError
-from tinydit.flow.settings import SamplingSettings
-from tinydit.models.checkpoint import Checkpoint, load_model
-from tinydit.models.pretrained import CONFIG, WEIGHTS
 from tinydit.paths import SHIPPED
 
 FIXTURE = Path(__file__).parent / "fixtures" / "dit-0.2m.pt"
@@ -270,7 +269,7 @@ def test_any_checkpoint_record_is_the_checkpoint_or_one_line(base, data):
         try:
             ckpt = Checkpoint.load(path)
             model, _ = load_model(ckpt)
-            settings_ = SamplingSettings.from_checkpoint(ckpt)
+            settings_ = ckpt.sampling_settings()
         except TinyDiTError as err:
             one_line(err)
             event("refused")

@@ -13,8 +13,8 @@ import torch
 from conftest import fast_config
 
 import tinydit.train.trainer as trainer_module
+from tinydit.checkpoints.checkpoint import load_checkpoint
 from tinydit.errors import TinyDiTError
-from tinydit.models.checkpoint import load_checkpoint
 from tinydit.train import Trainer
 from tinydit.train.budget import PLAN_AT
 from tinydit.train.resolve import BUDGET_COOLDOWN_FRAC, resolve

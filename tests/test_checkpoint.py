@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from tinydit.checkpoints.checkpoint import Checkpoint, load_model
+from tinydit.checkpoints.pretrained import reference_folder
 from tinydit.errors import TinyDiTError
-from tinydit.flow.settings import SamplingSettings, recommended_sampling
-from tinydit.models.checkpoint import Checkpoint, load_model
-from tinydit.models.pretrained import reference_folder
+from tinydit.flow.settings import recommended_sampling
 
 FIXTURE = Path(__file__).parent / "fixtures" / "dit-0.2m.pt"  # written by an earlier release: no sampling, no repa
 
@@ -37,7 +37,7 @@ def test_an_older_file_is_upgraded_where_it_is_read(tmp_path):
     assert ckpt.train().flip is True  # stored before `flip` existed: every data set flipped
     assert ckpt.sampling is None and ckpt.kernels is None and ckpt.few_step == "none"
     # what it would record now, from the measured records
-    assert SamplingSettings.from_checkpoint(ckpt) == recommended_sampling("shapes", "dit-0.2m", "class", "none")
+    assert ckpt.sampling_settings() == recommended_sampling("shapes", "dit-0.2m", "class", "none")
     model, _ = load_model(ckpt)
     assert type(model).__name__ == "DiT" and ckpt.missing_to_continue == [] and ckpt.optimizer_fused
 
@@ -111,3 +111,17 @@ def test_weights_of_another_type_or_not_finite_are_refused_where_they_are_read(t
         path = _older(tmp_path, model_config={**raw["model_config"], "dim": dim, "n_heads": 2})
         with pytest.raises(TinyDiTError, match=message):
             Checkpoint.load(path)
+
+
+@pytest.mark.parametrize("name", ["checkpoint", "pretrained"])
+def test_the_old_import_paths_warn_and_give_the_same_objects(name):
+    """``tinydit.models.checkpoint`` and ``.pretrained`` (named by older code and notebooks) still import, with
+    a DeprecationWarning naming the new home, and hand on the very same objects."""
+    import importlib
+    import sys
+
+    new = importlib.import_module(f"tinydit.checkpoints.{name}")
+    sys.modules.pop(f"tinydit.models.{name}", None)  # a module warns once, when it is first imported
+    with pytest.warns(DeprecationWarning, match=f"tinydit.checkpoints.{name}"):
+        old = importlib.import_module(f"tinydit.models.{name}")
+    assert new.__all__ and all(getattr(old, n) is getattr(new, n) for n in new.__all__)

@@ -11,8 +11,8 @@ import torch
 from conftest import fast_config
 
 from tinydit import compiling, machine, runtime
+from tinydit.checkpoints.checkpoint import load_checkpoint
 from tinydit.errors import TinyDiTError
-from tinydit.models.checkpoint import load_checkpoint
 from tinydit.runtime import EAGER, CompileChoice, choose_compile, compiled_way, record_run
 from tinydit.train import Trainer
 from tinydit.train.budget import Budget, speed_key

@@ -16,8 +16,8 @@ from torch import nn
 
 from tinydit import compiling
 from tinydit.cli import main
+from tinydit.compiling import unwrap
 from tinydit.errors import TinyDiTError
-from tinydit.models.checkpoint import unwrap
 from tinydit.models.dit import DiT
 from tinydit.models.dit_config import DiTConfig
 from tinydit.runtime import maybe_compile, resolve_compile

@@ -15,7 +15,7 @@ import torch
 from conftest import fast_config
 
 from tinydit import api
-from tinydit.models.checkpoint import load_checkpoint
+from tinydit.checkpoints.checkpoint import load_checkpoint
 from tinydit.train import Trainer
 
 pytestmark = [

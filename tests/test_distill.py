@@ -4,12 +4,12 @@ import pytest
 import torch
 from conftest import built_once, fast_config
 
+from tinydit.checkpoints.checkpoint import load_model
 from tinydit.cli import main
 from tinydit.config import TrainConfig
 from tinydit.errors import TinyDiTError
 from tinydit.flow.distill import KNOTS, STUDENT_STEPS, distill_loss, distill_losses_by_steps, init_student
 from tinydit.flow.samplers import sample, sample_path
-from tinydit.models.checkpoint import load_model
 from tinydit.models.dit import DiT, DiTConfig
 from tinydit.train import Trainer
 from tinydit.train.resolve import resolve

@@ -21,11 +21,11 @@ import pytest
 import torch
 from conftest import built_once
 
+from tinydit.checkpoints.checkpoint import load_checkpoint
 from tinydit.cli import main
 from tinydit.config import TrainConfig
 from tinydit.distributed import World
 from tinydit.errors import TinyDiTError
-from tinydit.models.checkpoint import load_checkpoint
 from tinydit.models.linear import linear_backend
 from tinydit.models.registry import build_model
 

@@ -17,6 +17,7 @@ import pytest
 import torch
 from conftest import CHROMIUM, NEEDS_CHROMIUM, built_once, chromium
 
+from tinydit.checkpoints.checkpoint import Checkpoint, DataRecord, load_model
 from tinydit.cli import main
 from tinydit.data.text import Tokenizer
 from tinydit.export import ORT_WEB_FILES, export, find_ort_web
@@ -27,7 +28,6 @@ from tinydit.flow.guidance import Velocity
 from tinydit.flow.samplers import ancestral
 from tinydit.flow.settings import SamplingSettings
 from tinydit.images import to_uint8 as torch_to_uint8
-from tinydit.models.checkpoint import Checkpoint, DataRecord, load_model
 from tinydit.models.dit import DiTConfig
 from tinydit.models.mmdit import MMDiTConfig
 from tinydit.models.registry import build_model

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from tinydit.checkpoints.checkpoint import load_model
 from tinydit.flow.generate import generate
 from tinydit.flow.settings import SamplingSettings
-from tinydit.models.checkpoint import load_model
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TOLERANCE = 3e-5  # fp32 rounding across CPUs, see above; pixels are in [-1, 1]

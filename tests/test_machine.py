@@ -13,7 +13,7 @@ from conftest import fast_config
 
 import tinydit.models.linear as linear
 from tinydit import compiling, machine, runtime
-from tinydit.models.checkpoint import load_checkpoint
+from tinydit.checkpoints.checkpoint import load_checkpoint
 from tinydit.runtime import resolve_precision
 from tinydit.train import Trainer
 

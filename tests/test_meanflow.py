@@ -7,6 +7,7 @@ import pytest
 import torch
 from conftest import fast_config
 
+from tinydit.checkpoints.checkpoint import load_checkpoint, load_model
 from tinydit.cli import main
 from tinydit.flow.meanflow import (
     TIME_SCALE,
@@ -19,7 +20,6 @@ from tinydit.flow.meanflow import (
 )
 from tinydit.flow.path import flow_loss
 from tinydit.flow.samplers import sample
-from tinydit.models.checkpoint import load_checkpoint, load_model
 from tinydit.models.dit import DiT, DiTConfig
 from tinydit.train import Trainer
 

@@ -11,12 +11,12 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from tinydit import api
+from tinydit.checkpoints.checkpoint import load_checkpoint
+from tinydit.checkpoints.pretrained import CARD, CONFIG, WEIGHTS, reference_folder
 from tinydit.cli import main
 from tinydit.errors import TinyDiTError
 from tinydit.eval.report import write_report
 from tinydit.files import RunDirLock
-from tinydit.models.checkpoint import load_checkpoint
-from tinydit.models.pretrained import CARD, CONFIG, WEIGHTS, reference_folder
 from tinydit.paths import KINDS, RUN, SHIPPED, WRITES, check_out, kind_of, read_paths
 
 FIXTURES = Path(__file__).parent / "fixtures"

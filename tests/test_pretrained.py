@@ -12,11 +12,10 @@ from safetensors.torch import load_file, save_file
 
 import tinydit
 from tinydit import api
+from tinydit.checkpoints.checkpoint import load_checkpoint, load_model
+from tinydit.checkpoints.pretrained import CARD, CONFIG, WEIGHTS
 from tinydit.cli import main
 from tinydit.errors import TinyDiTError
-from tinydit.flow.settings import SamplingSettings
-from tinydit.models.checkpoint import load_checkpoint, load_model
-from tinydit.models.pretrained import CARD, CONFIG, WEIGHTS
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -55,7 +54,7 @@ def test_the_config_and_the_card_say_what_the_model_is_and_how_to_use_it(folders
     state = load_checkpoint(FIXTURES / "dit-0.2m.pt")
     assert config["format"] == "tinydit-pretrained" and config["model_type"] == "dit"
     assert config["model_config"] == state.config.to_dict() and config["data"] == state.data.to_dict()
-    assert config["sampling"] == SamplingSettings.from_checkpoint(state).to_json() and config["sampling"]["source"]
+    assert config["sampling"] == state.sampling_settings().to_json() and config["sampling"]["source"]
     assert "t = 1 is Gaussian noise" in config["time"]
     assert config["weights"] == {"ema": True, "dtype": "float32"} and config["step"] == state.step
     card = (folders["dit-0.2m"] / CARD).read_text()

@@ -9,9 +9,9 @@ import torch
 
 import tinydit
 from tinydit import api
+from tinydit.checkpoints.pretrained import CARD, CONFIG, reference_folder, reference_models
 from tinydit.cli import main
 from tinydit.eval.check import check_model
-from tinydit.models.pretrained import CARD, CONFIG, reference_folder, reference_models
 
 # fp32 sampling on different CPUs differs by rounding, so a few of the same samples may flip between pass and
 # fail: three in a hundred are allowed (docs/export.md says what has been measured of that spread).

@@ -27,11 +27,11 @@ import torch
 from PIL import Image
 
 import tinydit.files as files_module
+from tinydit.checkpoints.checkpoint import load_checkpoint, load_model
 from tinydit.cli import main
 from tinydit.data.datasets import load_dataset
 from tinydit.errors import TinyDiTError
 from tinydit.files import RunDirLock
-from tinydit.models.checkpoint import load_checkpoint, load_model
 
 # The conftest fast config as CLI flags: 256 shapes, dit-0.2m, fp32, a checkpoint every 4 steps.
 FLAGS = (

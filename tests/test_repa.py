@@ -7,11 +7,11 @@ import torch
 from conftest import fast_config
 
 from tinydit import api
+from tinydit.checkpoints.checkpoint import load_checkpoint
 from tinydit.config import TrainConfig
 from tinydit.data.shapes import ShapesDataset
 from tinydit.errors import TinyDiTError
 from tinydit.eval.features import load_feature_net
-from tinydit.models.checkpoint import load_checkpoint
 from tinydit.models.dit import DiT
 from tinydit.models.dit_config import DiTConfig
 from tinydit.train import Trainer

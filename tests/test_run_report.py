@@ -13,9 +13,9 @@ import torch
 from conftest import CHROMIUM, NEEDS_CHROMIUM, chromium, fast_config
 from PIL import Image
 
+from tinydit.checkpoints.checkpoint import load_checkpoint, load_model
 from tinydit.cli import main
 from tinydit.errors import TinyDiTError
-from tinydit.models.checkpoint import load_checkpoint, load_model
 from tinydit.progress import Progress
 from tinydit.train import Trainer
 

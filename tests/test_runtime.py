@@ -8,9 +8,10 @@ import pytest
 import torch
 from conftest import fast_config
 
+from tinydit.checkpoints.checkpoint import load_checkpoint, load_model
+from tinydit.compiling import unwrap
 from tinydit.errors import TinyDiTError
 from tinydit.flow.samplers import sample
-from tinydit.models.checkpoint import load_checkpoint, load_model, unwrap
 from tinydit.models.dit import DiTConfig
 from tinydit.runtime import autocast, maybe_compile, resolve_compile, resolve_precision
 from tinydit.train import Trainer

@@ -13,10 +13,10 @@ import torch
 from conftest import fast_config
 
 from tinydit import api
+from tinydit.checkpoints.checkpoint import load_checkpoint
 from tinydit.cli import main
 from tinydit.errors import TinyDiTError
 from tinydit.flow.settings import SAMPLING_KEYS, SamplingSettings, read_sampling_records, recommended_sampling
-from tinydit.models.checkpoint import load_checkpoint
 from tinydit.models.presets import MODEL_PRESETS
 from tinydit.train import Trainer
 

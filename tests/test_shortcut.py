@@ -6,10 +6,10 @@ import pytest
 import torch
 from conftest import fast_config
 
+from tinydit.checkpoints.checkpoint import load_model
 from tinydit.cli import main
 from tinydit.flow.samplers import sample
 from tinydit.flow.shortcut import LEVELS, shortcut_loss
-from tinydit.models.checkpoint import load_model
 from tinydit.models.dit import DiT, DiTConfig
 from tinydit.train import Trainer
 

@@ -9,8 +9,8 @@ import torch
 from conftest import fashion_mnist_available, fast_config
 
 import tinydit.models.linear as linear_module
+from tinydit.checkpoints.checkpoint import FORMAT_VERSION, Checkpoint, load_checkpoint, load_model
 from tinydit.errors import TinyDiTError
-from tinydit.models.checkpoint import FORMAT_VERSION, Checkpoint, load_checkpoint, load_model
 from tinydit.models.linear import linear_backend
 from tinydit.train import Trainer
 from tinydit.train.optim import adamw, ema_update

@@ -8,10 +8,10 @@ import torch
 from conftest import fast_config
 from PIL import Image
 
+from tinydit.checkpoints.checkpoint import load_checkpoint, load_model
 from tinydit.config import TrainConfig
 from tinydit.data.text import BOS, PAD, holds_phrase, tokenizer_of
 from tinydit.errors import TinyDiTError
-from tinydit.models.checkpoint import load_checkpoint, load_model
 from tinydit.models.dit import DiT
 from tinydit.models.mmdit import MMDiT
 from tinydit.train import Trainer

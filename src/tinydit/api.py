@@ -27,9 +27,12 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from tinydit import distributed
+from tinydit.checkpoints import checkpoint as checkpoints
+from tinydit.checkpoints.pretrained import CONFIG, WEIGHTS, is_hub_id, reference_folder, rewrite_sampling
 from tinydit.config import TrainConfig, check_seed
 from tinydit.data.datasets import open_dataset
 from tinydit.data.samples import check_output, load_samples, write_samples
+from tinydit.data.text import tokenizer_of
 from tinydit.errors import TinyDiTError
 from tinydit.eval.evaluate import DEFAULT_CACHE, eval_spec, to_eval_images
 from tinydit.eval.evaluate import evaluate as evaluate_images
@@ -45,8 +48,6 @@ from tinydit.flow.generate import generate, resolve_labels, resolve_prompts, sam
 from tinydit.flow.grids import GRID_NAMES
 from tinydit.flow.samplers import SAMPLER_NAMES
 from tinydit.flow.settings import SamplingSettings
-from tinydit.models import checkpoint as checkpoints
-from tinydit.models.pretrained import CONFIG, WEIGHTS, is_hub_id, reference_folder, rewrite_sampling
 from tinydit.models.registry import preset_rows
 from tinydit.paths import check_not_shipped, check_out, read_paths
 from tinydit.runtime import autocast, maybe_compile, resolve_compile, resolve_device, resolve_precision
@@ -123,7 +124,7 @@ def load_model(
     checkpoint: str | Path | checkpoints.Checkpoint, ema: bool = True, device: str | torch.device = "cpu"
 ) -> tuple[nn.Module, checkpoints.Checkpoint]:
     """The checkpoint's model (a DiT or an MMDiT; EMA weights by default) in eval mode, and its
-    ``tinydit.models.checkpoint.Checkpoint`` (the run's configs, data record, sampler settings, ...)."""
+    ``tinydit.checkpoints.checkpoint.Checkpoint`` (the run's configs, data record, sampler settings, ...)."""
     _given(checkpoint=checkpoint)
     return checkpoints.load_model(checkpoint, ema=ema, map_location=resolve_device(device))
 
@@ -142,7 +143,7 @@ class Samples:
 
 def sampling_note(checkpoint: str | Path) -> str:
     """The line saying which settings sampling ``checkpoint`` uses, and why."""
-    return SamplingSettings.from_checkpoint(checkpoints.load_checkpoint(checkpoint)).with_flags().note
+    return checkpoints.load_checkpoint(checkpoint).sampling_settings().with_flags().note
 
 
 def sample(
@@ -184,13 +185,12 @@ def sample(
     device = world.device(resolve_device(device))
     precision = resolve_precision(precision, device)
     model, state = checkpoints.load_model(checkpoint, ema=ema, map_location=device)
-    settings = SamplingSettings.from_checkpoint(state).with_flags(
-        sampler=sampler, steps=steps, cfg_scale=cfg_scale, **options
-    )
+    settings = state.sampling_settings().with_flags(sampler=sampler, steps=steps, cfg_scale=cfg_scale, **options)
     out = check_output(out) if out is not None and world.main else None  # created once the checkpoint has loaded
-    warn_if_untrained_settings(state, settings)
+    warn_if_untrained_settings(state.few_step == "distill", settings)
     forward = maybe_compile(model, resolve_compile(compile, device))
-    y, labels, names, nrow = sample_conditions(checkpoint, state, n, classes, prompts, unconditional, nrow)
+    known = (state.data.classes, tokenizer_of(state), state.data.prompts)
+    y, labels, names, nrow = sample_conditions(str(checkpoint), *known, n, classes, prompts, unconditional, nrow)
     started = time.perf_counter()
     with autocast(device, precision):
         res = generate(forward, y, settings, seed, progress=progress, world=world)
@@ -242,9 +242,7 @@ def evaluate(
     world = distributed.init(resolve_device(device))
     if checkpoint is not None:
         state = checkpoints.load_checkpoint(checkpoint)
-        settings = SamplingSettings.from_checkpoint(state).with_flags(
-            sampler=sampler, steps=steps, cfg_scale=cfg_scale, **options
-        )
+        settings = state.sampling_settings().with_flags(sampler=sampler, steps=steps, cfg_scale=cfg_scale, **options)
         dev = world.device(resolve_device(device))
         images, labels, spec, classes, extra = generate_for_eval(
             state, n, settings, seed, dev, data, progress=progress, world=world

@@ -45,6 +45,7 @@ __all__ = [
     "compile_regions",
     "eagerly",
     "repeated_blocks",
+    "unwrap",
     "use_cache_dir",
 ]
 
@@ -107,6 +108,12 @@ def use_cache_dir() -> Path:
         stacklevel=2,
     )
     return fresh
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain module under torch.compile / DDP wrappers: checkpoints are saved from it."""
+    model = getattr(model, "_orig_mod", model)
+    return getattr(model, "module", model)
 
 
 def repeated_blocks(model: nn.Module) -> list[nn.Module]:

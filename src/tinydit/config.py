@@ -347,7 +347,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict, key: str = "train_config") -> TrainConfig:
-        """A stored (resolved) config, such as a checkpoint's (``tinydit.models.checkpoint.Checkpoint.train``,
+        """A stored (resolved) config, such as a checkpoint's (``tinydit.checkpoints.checkpoint.Checkpoint.train``,
         which upgrades what older releases stored), its types and values checked, errors naming ``key`` and
         the field; a field this release no longer has is left out."""
         return build(cls, d, key, unknown="drop")

@@ -125,5 +125,5 @@ class Tokenizer:
 
 
 def tokenizer_of(checkpoint) -> Tokenizer | None:
-    """The tokenizer a text model's ``tinydit.models.checkpoint.Checkpoint`` stores, or None for a class model."""
+    """The tokenizer a text model's ``tinydit.checkpoints.checkpoint.Checkpoint`` stores, or None for a class model."""
     return Tokenizer.from_dict(checkpoint.tokenizer) if checkpoint.tokenizer is not None else None

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import torch
 
+from tinydit.checkpoints.checkpoint import load_model
 from tinydit.errors import TinyDiTError
 from tinydit.eval.features import FEATURE_NETS, extract, load_feature_net
 from tinydit.eval.sampling import EvalTarget, sample_for_eval
 from tinydit.eval.shape_fit import strict_scores
-from tinydit.flow.settings import SamplingSettings
 from tinydit.images import to_uint8
-from tinydit.models.checkpoint import load_model
 
 __all__ = ["check_scores", "check_model"]
 
@@ -41,9 +40,7 @@ def check_model(checkpoint, n: int, seed: int = 0, steps: int | None = None) -> 
     are asked every shape x colour x background prompt in turn, as ``tinydit eval`` asks them."""
     model, state = load_model(checkpoint)
     target = EvalTarget.of_checkpoint(state)
-    x, labels, info = sample_for_eval(
-        model, target, n, SamplingSettings.from_checkpoint(state).with_flags(steps=steps), seed
-    )
+    x, labels, info = sample_for_eval(model, target, n, state.sampling_settings().with_flags(steps=steps), seed)
     if target.tokenizer is None:
         return check_scores(to_uint8(x), labels, target.data)
     if target.data != "shapes":

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from tinydit.checkpoints.checkpoint import Checkpoint, load_model
 from tinydit.data.datasets import canonical_name
 from tinydit.data.shapes import SHAPES, caption
 from tinydit.data.text import Tokenizer, class_captions, parse_phrases, tokenizer_of
@@ -22,7 +23,6 @@ from tinydit.eval.shape_fit import strict_scores
 from tinydit.flow.distill import warn_if_untrained_settings
 from tinydit.flow.generate import class_cycle, generate
 from tinydit.flow.settings import SamplingSettings
-from tinydit.models.checkpoint import Checkpoint, load_model
 
 __all__ = ["EvalTarget", "eval_conditions", "generate_for_eval", "sample_for_eval", "score_model"]
 
@@ -97,7 +97,7 @@ def generate_for_eval(
     if n < 1:
         raise TinyDiTError(f"`n` must be >= 1, got {n}")
     model, state = load_model(checkpoint, map_location=device)
-    warn_if_untrained_settings(state, settings)
+    warn_if_untrained_settings(state.few_step == "distill", settings)
     trained_on = state.data.name  # canonical, as the run resolved it
     if data is not None and canonical_name(data) != trained_on:
         raise TinyDiTError(f"{state.source} was trained on {trained_on}, not {data}; drop `data`")

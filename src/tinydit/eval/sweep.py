@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from tinydit.checkpoints.checkpoint import load_model
 from tinydit.errors import TinyDiTError
 from tinydit.eval.evaluate import DEFAULT_CACHE, EvalSpec, evaluate, spec_for
 from tinydit.eval.metrics import MIN_SAMPLES
@@ -38,7 +39,6 @@ from tinydit.files import ensure_writable_dir, write_text
 from tinydit.flow.generate import generate
 from tinydit.flow.samplers import SAMPLER_NAMES
 from tinydit.flow.settings import SamplingSettings
-from tinydit.models.checkpoint import load_model
 from tinydit.progress import Progress
 
 __all__ = [

@@ -4,7 +4,7 @@
     pt2    a torch.export program (torch.export.save), loaded with torch.export.load
     web    a folder with index.html, model.onnx, a JavaScript sampler and onnxruntime-web (from its npm
            package, copied in): open it with ``python -m http.server`` and sample in the browser
-    safetensors  a pretrained folder (``tinydit.models.pretrained``): model.safetensors, config.json and a
+    safetensors  a pretrained folder (``tinydit.checkpoints.pretrained``): model.safetensors, config.json and a
            model card, the Hugging Face Hub's layout; every command's --checkpoint and
            ``tinydit.from_pretrained`` read it back
 
@@ -29,13 +29,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from tinydit.checkpoints import pretrained
+from tinydit.checkpoints.checkpoint import Checkpoint, load_checkpoint, load_model
 from tinydit.data.text import tokenizer_of
 from tinydit.errors import TinyDiTError
 from tinydit.files import atomic_write, ensure_writable_dir, read_lines, write_text
-from tinydit.flow.settings import SamplingSettings
-from tinydit.models import pretrained
 from tinydit.models.attention import ATTENTION
-from tinydit.models.checkpoint import Checkpoint, load_checkpoint, load_model
 from tinydit.models.linear import LINEAR
 from tinydit.paths import check_out, read_paths
 
@@ -74,7 +73,7 @@ def metadata(state: Checkpoint, model: nn.Module) -> dict:
         "shortcut": bool(c.shortcut),
         "time": "t = 0 is data, t = 1 is Gaussian noise; x_t = (1 - t) x0 + t noise; the model returns v = dx/dt",
         "null": "the label n_classes" if c.cond == "class" else "the empty caption: BOS (1), then PAD (0)",
-        "sampler": SamplingSettings.from_checkpoint(state).to_json(),
+        "sampler": state.sampling_settings().to_json(),
         "data": state.data.name,
         "step": state.step,
     }
@@ -215,7 +214,7 @@ def export(
     if fmt == "safetensors":
         state = load_checkpoint(checkpoint)  # its weights checked against its config as it is read
         shown = read_eval_metrics(metrics) if metrics is not None else run_metrics(checkpoint, state.step)
-        record = state.to_dict() | {"sampling": SamplingSettings.from_checkpoint(state).to_json()}  # as sample would
+        record = state.to_dict() | {"sampling": state.sampling_settings().to_json()}  # as sample would
         ema = ema and state.ema is not None
         weights = state.weights(ema)
         return pretrained.save_pretrained(

@@ -35,7 +35,6 @@ from torch import nn
 
 from tinydit.errors import TinyDiTError
 from tinydit.flow.settings import SamplingSettings
-from tinydit.models.checkpoint import Checkpoint
 
 __all__ = [
     "KNOTS",
@@ -122,10 +121,10 @@ def distill_losses_by_steps(
     return out
 
 
-def warn_if_untrained_settings(ckpt: Checkpoint, settings: SamplingSettings) -> None:
-    """Warn when a distilled student is sampled in a way it never learned: it takes 1, 2, 4 or 8 Euler
-    steps on the uniform grid at guidance 1 (the teacher's guidance is in its paths)."""
-    if ckpt.few_step != "distill":
+def warn_if_untrained_settings(distilled: bool, settings: SamplingSettings) -> None:
+    """Warn when a distilled student (``distilled``) is sampled in a way it never learned: it takes 1, 2, 4
+    or 8 Euler steps on the uniform grid at guidance 1 (the teacher's guidance is in its paths)."""
+    if not distilled:
         return
     s = settings
     if s.sampler != "euler" or s.steps not in STUDENT_STEPS or s.cfg_scale != 1.0 or s.grid != "uniform":

@@ -7,12 +7,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tinydit.data.text import tokenizer_of
+from tinydit.data.text import Tokenizer
 from tinydit.distributed import SINGLE, World
 from tinydit.errors import TinyDiTError
 from tinydit.flow.samplers import SampleResult
 from tinydit.flow.settings import SamplingSettings
-from tinydit.models.checkpoint import Checkpoint
 from tinydit.progress import Progress
 
 __all__ = ["class_cycle", "generate", "sample_conditions", "resolve_labels", "resolve_prompts"]
@@ -78,30 +77,40 @@ def generate(
 
 
 def sample_conditions(
-    checkpoint, state: Checkpoint, n: int | None, classes, prompts, unconditional: bool, nrow: int | None
+    model_name: str,
+    classes_known: list[str],
+    tokenizer: Tokenizer | None,
+    grid_prompts: list[str],
+    n: int | None,
+    classes,
+    prompts,
+    unconditional: bool,
+    nrow: int | None,
 ):
-    """What ``sample`` draws each image of: (y, labels, names, nrow). Class models: labels (N,) of ``classes``
-    (default all, n = 64), a column each; text models: caption ids (P n, L) of ``prompts`` (default the run's
-    grid prompts, n = 8 each), a row each; ``unconditional``: the null label or the empty caption."""
-    names, tokenizer = list(state.data.classes), tokenizer_of(state)
+    """What ``sample`` draws each image of: (y, labels, names, nrow), for a model (called ``model_name`` in
+    errors) trained on ``classes_known``, or on captions ``tokenizer`` reads with ``grid_prompts`` its run's
+    grid prompts. Class models: labels (N,) of ``classes`` (default all, n = 64), a column each; text models:
+    caption ids (P n, L) of ``prompts`` (default the grid prompts, n = 8 each), a row each;
+    ``unconditional``: the null label or the empty caption."""
+    names = list(classes_known)
     if tokenizer is None:
         if prompts:
             raise TinyDiTError(
-                f"{checkpoint} is class-conditional (classes: {', '.join(names)}): use `classes`, not "
+                f"{model_name} is class-conditional (classes: {', '.join(names)}): use `classes`, not "
                 "`prompts`; prompts need a text run (`model` mmdit or `cond` text)"
             )
         n = 64 if n is None else n
-        if unconditional:  # the null label is n_classes (the checkpoint's reader made the names agree with it)
-            y = labels = torch.full_like(resolve_labels(None, names, n), state.config.n_classes)  # n checked
+        if unconditional:  # the null label is n_classes: one class name per label (the checkpoint's reader checks)
+            y = labels = torch.full_like(resolve_labels(None, names, n), len(names))  # n checked
             names = [*names, "unconditional"]
         else:
             y = labels = resolve_labels(classes, names, n)
         return y, labels, names, nrow or (len(names) if not (classes or unconditional) else min(8, n))
     if classes:
-        raise TinyDiTError(f"{checkpoint} is a text-to-image model: use `prompts`, not `classes`")
-    if not (unconditional or prompts or state.data.prompts):
-        raise TinyDiTError(f"{checkpoint} records no prompts to draw: pass `prompts`, one or more captions")
-    names = [""] if unconditional else list(prompts or state.data.prompts)
+        raise TinyDiTError(f"{model_name} is a text-to-image model: use `prompts`, not `classes`")
+    if not (unconditional or prompts or grid_prompts):
+        raise TinyDiTError(f"{model_name} records no prompts to draw: pass `prompts`, one or more captions")
+    names = [""] if unconditional else list(prompts or grid_prompts)
     n = 8 if n is None else n
     y, labels = resolve_prompts(names, tokenizer, n, allow_empty=unconditional)  # (P n, L), (P n,): a row each
     return y, labels, names, nrow or n

@@ -3,7 +3,7 @@ name, its steps, the guidance scale and the sampler's options, from the checkpoi
 the sampler that runs them.
 
     SamplingSettings(sampler="heun", steps=6, cfg_scale=3.5)   checked once, as it is built
-    SamplingSettings.from_checkpoint(state)                     what a checkpoint records (or would, if old)
+    checkpoint.sampling_settings()                              what a checkpoint records (or would, if old)
     settings.with_flags(steps=8)                                the flags given win, the rest as recorded
     settings.to_json()                                          the checkpoint's ``sampling`` record
     settings.run(model, noise, y)                               sample from given noise with them
@@ -30,9 +30,8 @@ from tinydit.data.names import BUILTIN_DATASETS
 from tinydit.errors import TinyDiTError
 from tinydit.flow.grids import DEFAULT_SHIFT
 from tinydit.flow.samplers import DEFAULT_ETA, DEFAULT_TOL, SampleResult, check_sampler_args, sample
-from tinydit.models.checkpoint import Checkpoint
 from tinydit.models.presets import MODEL_CONDS, MODEL_PRESETS
-from tinydit.schema import as_key, check_fields, reading
+from tinydit.schema import check_fields
 
 __all__ = [
     "SamplingSettings",
@@ -94,17 +93,6 @@ class SamplingSettings:
         not know is refused by name, a key it lacks takes the default."""
         _refuse_unknown(set(record) - {"source"})
         return cls(**check_fields(cls, record, None))  # the types first: a list for a name is no TypeError later
-
-    @classmethod
-    def from_checkpoint(cls, ckpt: Checkpoint) -> SamplingSettings:
-        """The settings a checkpoint records, or, for one written before they were recorded, those its data
-        set and preset would record now. A recorded one that cannot be used is refused naming the file and
-        the key (the checkpoint's reader checks that it is a record; what it may hold is this class's)."""
-        if ckpt.sampling is not None:
-            with reading(ckpt.records_file, "fix it, or record settings again with `tinydit sweep --apply`"):
-                with as_key("sampling"):
-                    return cls.from_json(ckpt.sampling)
-        return recommended_sampling(ckpt.data.name, ckpt.preset or "", ckpt.config.cond, ckpt.few_step)
 
     def with_flags(self, **given) -> SamplingSettings:
         """These settings with each one given (not None) in place of the recorded one; ``source`` says which

@@ -1,7 +1,7 @@
 """The model types by name (``--model dit|mmdit``): their config class, model class and presets.
 
 A checkpoint records its model type beside the model config (``model_type``; checkpoints written before
-MMDiT existed have none and are DiTs), so ``tinydit.models.checkpoint.load_model`` rebuilds the right class.
+MMDiT existed have none and are DiTs), so ``tinydit.checkpoints.checkpoint.load_model`` rebuilds the right class.
 """
 
 from __future__ import annotations

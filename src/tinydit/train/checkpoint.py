@@ -1,6 +1,6 @@
 """Continuing a run from its checkpoint: checking that it is the same run, and loading its state.
 
-The checkpoint itself (its fields, reading, upgrading and writing) is ``tinydit.models.checkpoint.Checkpoint``.
+The checkpoint itself (its fields, reading, upgrading and writing) is ``tinydit.checkpoints.checkpoint.Checkpoint``.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import torch
 
+from tinydit.checkpoints.checkpoint import Checkpoint
 from tinydit.config import TRAJECTORY_FIELDS, TrainConfig
 from tinydit.errors import TinyDiTError
 from tinydit.flow.meanflow import TIME_SCALE as MEANFLOW_TIME_SCALE
-from tinydit.models.checkpoint import Checkpoint
 from tinydit.models.registry import preset_config
 from tinydit.runtime import resolve_compile
 

@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.data import Dataset
 
+from tinydit.checkpoints.checkpoint import Checkpoint, DataRecord
 from tinydit.config import TrainConfig
 from tinydit.data.cache import CachedDataset
 from tinydit.data.datasets import open_dataset
 from tinydit.data.shapes import GRID_PROMPTS
 from tinydit.data.text import Tokenizer, class_captions, holds_phrase
 from tinydit.errors import TinyDiTError
-from tinydit.models.checkpoint import Checkpoint, DataRecord
 from tinydit.train.optim import step_generator
 
 __all__ = ["RunData", "BatchOrder", "prepare_data", "cache_dataset"]

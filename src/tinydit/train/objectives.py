@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
+from tinydit.compiling import unwrap
 from tinydit.flow.meanflow import FoldedGuidance, meanflow_loss
 from tinydit.flow.path import flow_loss
 from tinydit.flow.shortcut import n_self_consistency, shortcut_loss
-from tinydit.models.checkpoint import unwrap
 
 __all__ = ["StepBatch", "StepLoss", "Objective", "OBJECTIVES", "flow_matching", "shortcut", "mean_flow"]
 

@@ -13,11 +13,12 @@ from pathlib import Path
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from tinydit.checkpoints.checkpoint import Checkpoint
+from tinydit.compiling import unwrap
 from tinydit.config import TrainConfig
 from tinydit.errors import TinyDiTError
 from tinydit.flow import distill
 from tinydit.models.attention import resolve_backend as resolve_attention
-from tinydit.models.checkpoint import Checkpoint, unwrap
 from tinydit.models.linear import linear_backend
 from tinydit.models.linear import resolve_backend as resolve_linear
 from tinydit.models.registry import build_model

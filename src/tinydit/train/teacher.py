@@ -14,13 +14,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from tinydit.checkpoints.checkpoint import Checkpoint, load_checkpoint, load_model
 from tinydit.errors import TinyDiTError
 from tinydit.files import torch_save
 from tinydit.flow.distill import KNOTS, distill_loss
 from tinydit.flow.generate import class_cycle
 from tinydit.flow.samplers import FIXED_STEP_SAMPLERS, sample_path
 from tinydit.flow.settings import SamplingSettings
-from tinydit.models.checkpoint import Checkpoint, load_checkpoint, load_model
 from tinydit.progress import Progress
 from tinydit.runtime import autocast
 

@@ -19,7 +19,8 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from tinydit import distributed
-from tinydit.compiling import eagerly
+from tinydit.checkpoints.checkpoint import Checkpoint, load_checkpoint
+from tinydit.compiling import eagerly, unwrap
 from tinydit.config import TrainConfig
 from tinydit.errors import TinyDiTError
 from tinydit.eval.run_report import write_run_report
@@ -28,8 +29,7 @@ from tinydit.files import RunDirLock, ensure_writable_dir
 from tinydit.flow.guidance import null_condition
 from tinydit.flow.meanflow import check_jvp, draw_interval
 from tinydit.flow.path import sample_t
-from tinydit.flow.settings import SamplingSettings, recommended_sampling
-from tinydit.models.checkpoint import Checkpoint, load_checkpoint, unwrap
+from tinydit.flow.settings import recommended_sampling
 from tinydit.models.registry import build_model
 from tinydit.paths import RUN, check_out, read_paths
 from tinydit.runtime import autocast, compile_scope, record_run, resolve_device, resolve_precision
@@ -136,7 +136,7 @@ class Trainer:
         # The sampler settings the checkpoint records for sampling it: a continued run keeps its record
         # (`tinydit sweep --apply` may have written it), a new one takes the measured best for its setup.
         self.sampling = (
-            SamplingSettings.from_checkpoint(state)
+            state.sampling_settings()
             if state is not None
             else recommended_sampling(self.data.name, self.preset, cfg.cond, cfg.few_step)
         )
