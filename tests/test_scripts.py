@@ -98,3 +98,12 @@ def test_mirror_share_tells_images_that_face_the_means_way_from_mirrored_ones():
     assert mirror_share.facing_share(x, labels, means) == [1.0, 1.0, None]
     mirrored = torch.where((torch.arange(40) < 30).view(-1, 1, 1, 1), x.flip(-1), x)  # 15 of each class's 20
     assert mirror_share.facing_share(mirrored, labels, means)[:2] == [0.25, 0.25]
+
+
+def test_judge_similarity_prints_the_cka_of_each_pair_and_its_controls(capsys):
+    code, out, _ = run_script(SCRIPTS / "judge_similarity.py", ["--n", "64"], capsys)
+    assert code == 0
+    shapes = out.split("fashion-mnist")[0]
+    assert "shapes_cnn vs shapes_repa, 64 test images" in shapes
+    values = [float(line.split()[-1]) for line in shapes.splitlines()[1:] if line.strip()]
+    assert len(values) == 4 and all(0 <= v <= 1 + 1e-9 for v in values)
