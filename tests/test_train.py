@@ -479,8 +479,8 @@ def test_learning_rate_defaults_by_data_and_is_written_down(tmp_path):
 
 def test_the_objective_the_model_builder_and_the_optimizer_are_parameters_of_the_run(tmp_path):
     """An experiment swaps a part of the run by passing it, without monkeypatching the trainer or its modules."""
+    from tinydit.flow.objectives import StepLoss, flow_matching
     from tinydit.models.registry import build_model
-    from tinydit.train.objectives import StepLoss, flow_matching
 
     seen = {}
 
@@ -508,11 +508,15 @@ def test_the_objective_the_model_builder_and_the_optimizer_are_parameters_of_the
 
 
 def test_an_objective_that_does_not_fit_the_run_is_refused_before_anything_is_written(tmp_path):
-    from tinydit.train.objectives import flow_matching, mean_flow, shortcut
+    from tinydit.flow.objectives import flow_matching, mean_flow, shortcut
 
-    for objective, few_step in ((mean_flow, "meanflow"), (shortcut, "shortcut")):
-        with pytest.raises(TinyDiTError, match=f"`objective` {objective.__name__} needs `few_step` {few_step}"):
+    for objective in (mean_flow, shortcut):
+        with pytest.raises(TinyDiTError, match=f"the run's `objective` is flow: set `objective` {objective.name}"):
             Trainer(fast_config(tmp_path / "r", steps=1), progress=False, objective=objective)
-    with pytest.raises(TinyDiTError, match="distill trains on its teacher's paths: it takes no `objective`"):
-        Trainer(fast_config(tmp_path / "r", few_step="distill", teacher="none.pt"), objective=flow_matching)
+
+    def loss(forward, model, batch):
+        return flow_matching(forward, model, batch)
+
+    with pytest.raises(TinyDiTError, match="distill trains on its teacher's paths: it takes no loss function"):
+        Trainer(fast_config(tmp_path / "r", objective="distill", teacher="none.pt"), objective=loss)
     assert not (tmp_path / "r").exists()

@@ -187,7 +187,7 @@ def sample(
     model, state = checkpoints.load_model(checkpoint, ema=ema, map_location=device)
     settings = state.sampling_settings().with_flags(sampler=sampler, steps=steps, cfg_scale=cfg_scale, **options)
     out = check_output(out) if out is not None and world.main else None  # created once the checkpoint has loaded
-    warn_if_untrained_settings(state.few_step == "distill", settings)
+    warn_if_untrained_settings(state.objective == "distill", settings)
     forward = maybe_compile(model, resolve_compile(compile, device))
     known = (state.data.classes, tokenizer_of(state), state.data.prompts)
     y, labels, names, nrow = sample_conditions(str(checkpoint), *known, n, classes, prompts, unconditional, nrow)

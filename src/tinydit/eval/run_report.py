@@ -344,7 +344,7 @@ def write_run_report(run_dir: str | Path) -> Path:
             "<h2>Samples at the end</h2>",
             f'<img class="plot" src="{_final_grid(final, columns, rows, tile)}" alt="final samples">',
         ]
-    distilled = train.get("few_step") == "distill"
+    distilled = train.get("objective", train.get("few_step")) == "distill"  # older runs: few_step
     both = any(VAL_KEYS["train_t"][1] in r for r in records)  # the two validations: why they differ, said once
     notes = {
         "Loss": f"<p>{html.escape(_why_curves_differ(config))}</p>" if both else "",

@@ -97,7 +97,7 @@ def generate_for_eval(
     if n < 1:
         raise TinyDiTError(f"`n` must be >= 1, got {n}")
     model, state = load_model(checkpoint, map_location=device)
-    warn_if_untrained_settings(state.few_step == "distill", settings)
+    warn_if_untrained_settings(state.objective == "distill", settings)
     trained_on = state.data.name  # canonical, as the run resolved it
     if data is not None and canonical_name(data) != trained_on:
         raise TinyDiTError(f"{state.source} was trained on {trained_on}, not {data}; drop `data`")

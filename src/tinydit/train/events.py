@@ -20,6 +20,7 @@ from tinydit.config import TrainConfig
 from tinydit.errors import TinyDiTError
 from tinydit.eval.evaluate import default_best_metric, lower_is_better
 from tinydit.eval.run_report import VAL_KEYS
+from tinydit.flow.objectives import objective_named
 from tinydit.flow.path import N_T_BINS, t_bins
 from tinydit.train.budget import Clock
 
@@ -195,7 +196,8 @@ class Events:
         """The validation losses of the raw weights and of the EMA (``Validation``) into metrics.jsonl."""
         self.validation = self.actions.validate()
         self.by_t = self.validation.ema_by_t
-        self.log.record({"step": self.run.step, **self.validation.record(self.cfg.few_step == "distill")})
+        distilled = objective_named(self.cfg.objective).teacher
+        self.log.record({"step": self.run.step, **self.validation.record(distilled)})
 
     def sample_grid(self) -> Path:
         """The EMA's sample grid at this step, into the log."""

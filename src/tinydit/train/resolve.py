@@ -21,12 +21,13 @@ from tinydit.config import CHOICES as CONFIG_CHOICES
 from tinydit.config import TrainConfig
 from tinydit.data.names import DATASET_PREFIX, canonical_name, dataset_name, known_name, mirrors
 from tinydit.errors import TinyDiTError
+from tinydit.flow.meanflow import MEANFLOW_CFG
+from tinydit.flow.objectives import OBJECTIVES, check_objective
 from tinydit.flow.path import T_SAMPLINGS
 from tinydit.flow.samplers import FIXED_STEP_SAMPLERS
 from tinydit.models.presets import MLPS, MODEL_CONDS, MODEL_PRESETS, NORMS, POSITIONS, PREDICTIONS, default_preset
 from tinydit.tokens import parse_phrases
-from tinydit.train.repa import ALIGNED_OBJECTIVES, REPA_DEPTH, check_repa
-from tinydit.train.teacher import teacher_sampling
+from tinydit.train.repa import REPA_DEPTH, check_repa
 
 __all__ = [
     "resolve",
@@ -70,11 +71,8 @@ DEFAULT_REPA = {"shapes": 0.5}
 # captions name the kind of shape the same encoder's features lay out. The pooled-text DiT was not measured
 # with it.
 ALIGNED_BY_DEFAULT = {("dit", "class"), ("mmdit", "text")}
-# ... of the objectives that take it (tinydit.train.repa.ALIGNED_OBJECTIVES): flow matching, and mean flows,
-# whose one-step samples it made better on shapes at 5 and 15 minutes (docs/notes/few_step.md).
-# The guidance a mean-flow run folds into its target when `meanflow_cfg` is not given (docs/few_step.md
-# measures it): a one-step sampler cannot guide afterwards, so the guided field is what it learns.
-MEANFLOW_CFG = 2.0
+# ... of the objectives that take it (``Objective.aligned``): flow matching, and mean flows, whose one-step
+# samples it made better on shapes at 5 and 15 minutes (docs/notes/few_step.md).
 
 
 def _per_data(table: dict, other) -> str:
@@ -92,7 +90,7 @@ RESOLVED_DEFAULTS = {
     "t_shift": f"{NOISEWARD_SHIFT:g} for class runs on RGB data, else 1: no shift",
     "repa": ", ".join(f"{weight:g} on {data}" for data, weight in DEFAULT_REPA.items())
     + " for class DiTs and text MMDiTs that train with flow matching or meanflow, else 0",
-    "meanflow_cfg": f"{MEANFLOW_CFG:g} with `few_step` meanflow",
+    "meanflow_cfg": f"{MEANFLOW_CFG:g} with `objective` meanflow",
     "batch_size": _per_data(DEFAULT_BATCH_SIZES, DEFAULT_BATCH_SIZE),
     "lr": _per_data(DEFAULT_LRS, DEFAULT_LR),
     "steps": f"{DEFAULT_STEPS} without `minutes`, else no step limit",
@@ -109,6 +107,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "mlp": MLPS,
     "pos": POSITIONS,
     "pred": PREDICTIONS,
+    "objective": tuple(OBJECTIVES),
     **CONFIG_CHOICES,
 }
 
@@ -143,14 +142,13 @@ def resolve(cfg: TrainConfig, dataset: Dataset | None = None) -> TrainConfig:
     cooldown_frac = cfg.cooldown_frac
     if cooldown_frac is None:
         cooldown_frac = BUDGET_COOLDOWN_FRAC if cfg.minutes is not None and not cfg.cooldown else 0.0
-    if cfg.few_step == "distill":
-        _check_teacher(cfg, cond)
+    objective = check_objective(replace(cfg, cond=cond))
     repa = cfg.repa  # the alignment's encoder must know the data the run really trains on
     depth = MODEL_PRESETS[cfg.model][preset]["depth"]  # the smoke-test presets are too shallow to align
     if repa is None:
-        aligned = (cfg.model, cond) in ALIGNED_BY_DEFAULT and cfg.few_step in ALIGNED_OBJECTIVES and depth >= REPA_DEPTH
+        aligned = (cfg.model, cond) in ALIGNED_BY_DEFAULT and objective.aligned and depth >= REPA_DEPTH
         repa = DEFAULT_REPA.get(trained_on, 0.0) if aligned else 0.0
-    check_repa(repa, trained_on, cfg.few_step, depth)
+    check_repa(repa, trained_on, objective, depth)
     return replace(
         cfg,
         data=trained_on,
@@ -165,16 +163,9 @@ def resolve(cfg: TrainConfig, dataset: Dataset | None = None) -> TrainConfig:
         batch_size=cfg.batch_size or DEFAULT_BATCH_SIZES.get(data, DEFAULT_BATCH_SIZE),
         lr=cfg.lr or DEFAULT_LRS.get(data, DEFAULT_LR),
         repa=repa,
-        meanflow_cfg=(cfg.meanflow_cfg or MEANFLOW_CFG) if cfg.few_step == "meanflow" else None,
         flip=mirrors(trained_on) if cfg.flip is None else cfg.flip,
+        **objective.resolved(cfg),
     )
-
-
-def _check_teacher(cfg: TrainConfig, cond: str) -> None:
-    """A distilled student's teacher settings, and its conditioning."""
-    if cond != "class":
-        raise TinyDiTError("`few_step` distill works with class-conditional models for now; drop `cond` text")
-    teacher_sampling(cfg)  # checked as it is built
 
 
 def _holdout(holdout: str | None, cond: str, data: str) -> str | None:
