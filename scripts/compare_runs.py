@@ -2,8 +2,9 @@
 
     python scripts/compare_runs.py runs/a runs/b [--every 1000]
 
-Prints one row per run and shared step: the EMA validation loss and, where logged, the EMA loss in each
-of the 10 bins of t (0 = data ... 1 = noise). Runs are only comparable on the same data and val set.
+Prints one row per run and shared step: the EMA validation loss at even t (the times every run is
+validated at) and, where logged, the EMA loss in each of the 10 bins of t (0 = data ... 1 = noise). Runs
+are only comparable on the same data and val set.
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ import argparse
 import json
 from pathlib import Path
 
+from tinydit.eval.run_report import val_loss_even_t
+
 
 def val_records(run: Path) -> dict[int, dict]:
     records = {}
     for line in (run / "metrics.jsonl").read_text().splitlines():
         rec = json.loads(line)
-        if "val_loss_ema" in rec:
+        if val_loss_even_t(rec) is not None:
             records[rec["step"]] = rec
     return records
 
@@ -30,11 +33,11 @@ def main() -> None:
     runs = {str(r): val_records(r) for r in args.runs}
     shared = sorted(set.intersection(*(set(r) for r in runs.values())))
     width = max(len(name) for name in runs)
-    print(f"{'step':>6}  {'run':{width}}  val(EMA)  by t, 0 = data ... 1 = noise")
+    print(f"{'step':>6}  {'run':{width}}  val(EMA) at even t, and by t, 0 = data ... 1 = noise")
     for step in (s for s in shared if s % args.every == 0 or s == shared[-1]):
         for name, recs in runs.items():
             bins = " ".join(f"{v:.3f}" for v in recs[step].get("val_loss_ema_by_t", []))
-            print(f"{step:6}  {name:{width}}  {recs[step]['val_loss_ema']:.4f}    {bins}")
+            print(f"{step:6}  {name:{width}}  {val_loss_even_t(recs[step]):.4f}    {bins}")
 
 
 if __name__ == "__main__":

@@ -285,6 +285,14 @@ def fashion_cells(r: dict) -> list[str]:
     return [f"**{s['fid_fmnist_cnn']:.3f}**", extra or "?", f"{r['samples']:,}"]
 
 
+def sample_words(runs: list[dict]) -> str:
+    """The sample count the runs were scored with: '1,000 samples each', or the counts where they differ."""
+    counts = sorted({r["samples"] for r in runs if r.get("samples")})
+    if len(counts) == 1:
+        return f"{counts[0]:,} samples each"
+    return "samples " + " or ".join(f"{n:,}" for n in counts) + " (as each row says)"
+
+
 def page(data: dict) -> str:
     shapes = [r for r in data["runs"] if r["data"] == "shapes"]
     scored = [r for r in shapes if r["scores"] is not None]
@@ -305,7 +313,7 @@ def page(data: dict) -> str:
             "",
             "The number of steps a run held, not its minutes, decides what it draws; the minutes a machine needs",
             "for a step count are in the tables below and in [Speed](speed.md). Every scored `shapes` run,",
-            "1,000 samples each, at the sampler settings its checkpoint records:",
+            f"{sample_words(scored)}, at the sampler settings its checkpoint records:",
             "",
             shapes_by_steps(scored),
             "",
@@ -320,7 +328,7 @@ def page(data: dict) -> str:
             "",
             "## Shapes: every run",
             "",
-            "`shape_strict` is the share of 1,000 samples in which the [strict shapes judge]"
+            f"`shape_strict` is the share of the samples ({sample_words(scored)}) in which the [strict shapes judge]"
             "(evaluation.md#the-strict-shapes-judge) finds one clean shape of the kind asked for; then per kind"
             " (circles / squares / triangles / crosses). *compile*: `off` is eager, `empty cache` and"
             " `kept cache` say whether the compiled kernels were built in the run or read from an earlier one.",
@@ -331,7 +339,9 @@ def page(data: dict) -> str:
             "",
             "`fid_fmnist_cnn` is FID in a shipped classifier's feature space (lower is better; real training"
             " images score about 0.08, [Reading the metrics](metrics.md)), with recall and class consistency"
-            " in the same network.",
+            " in the same network, of the row's samples against the 10,000 test images, drawn in fp32 at the"
+            " sampler settings its checkpoint records. FIDs of different sample counts do not compare (fewer"
+            " samples score higher): [which numbers compare](evaluation.md#which-numbers-compare).",
             "",
             table(
                 [*RUN_COLUMNS, "`fid_fmnist_cnn`", "recall, classes", "samples", "commands"],

@@ -3,12 +3,17 @@
     python scripts/train_feature_net.py --data fashion-mnist
     python scripts/train_feature_net.py --data shapes
     python scripts/train_feature_net.py --data shapes --epochs 2 --seed 101 --geometry --name shapes_repa
+    python scripts/train_feature_net.py --data shapes --epochs 2 --seed 202 --width 64 --data-seed 7 --name shapes_judge
 
 The first two are the evaluation's feature networks (``tinydit.eval.features.FEATURE_NETS``); the third is
 the encoder whose features training aligns the model's tokens to (``--repa``, ``tinydit.train.repa``): the
 same architecture with another seed, so that training never optimises the network that scores it, and with
 ``--geometry`` also taught, at every cell of its 8 x 8 feature map, where the image's shape has its centre
 and how large it is (the render's own attributes), so that its features say where a shape's parts belong.
+
+The fourth is a judge the aligned runs do not share (docs/notes/independent_judges.md): twice as wide
+(256-d features), another seed, and trained on other images of `shapes` (``--data-seed``: the renderer's
+seed; the test split keeps its own), so that it shares with the alignment encoder neither weights nor data.
 
 Deterministic for a seed on a CPU. Writes src/tinydit/assets/<name>.pt (a plain state dict) and its
 SHA-256, test accuracy, training command, torch version and date into the manifest.
@@ -25,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tinydit.data import load_dataset
-from tinydit.data.shapes import SHAPES, make_shapes
+from tinydit.data.shapes import SHAPES, ShapesDataset, make_shapes
 from tinydit.eval.evaluate import eval_spec, to_eval_images
 from tinydit.eval.features import ASSETS, FEATURE_NETS, FeatureNet, extract, file_sha256, train_feature_net
 from tinydit.images import from_uint8
@@ -86,11 +91,19 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--name", default=None, help="the file's name (default: the data set's evaluation network)")
     parser.add_argument("--geometry", action="store_true", help="shapes: also regress each cell's offset to the centre")
+    parser.add_argument("--width", type=int, default=32, help="the first block's channels; the features are 4x")
+    parser.add_argument("--data-seed", type=int, default=None, help="shapes: render the training images from this seed")
     args = parser.parse_args()
     torch.set_num_threads(torch.get_num_threads())
     name = args.name or FEATURE_NETS[args.data]
 
+    if args.data_seed is not None and args.data != "shapes":
+        parser.error("--data-seed renders other training images: --data shapes")
+    if args.geometry and (args.width != 32 or args.data_seed is not None):
+        parser.error("--geometry trains the alignment encoder: width 32 on the training split")
     train = load_dataset(args.data, train=True)
+    if args.data_seed is not None:  # other images of the same distribution, none of the training split's
+        train = ShapesDataset(len(train), seed=args.data_seed)
     test = load_dataset(args.data, train=False, shapes_size=eval_spec(args.data).reference_size)
     x_train, x_test = to_eval_images(train.images, args.data), to_eval_images(test.images, args.data)
     started = time.perf_counter()
@@ -99,7 +112,9 @@ def main() -> None:
             parser.error("--geometry needs the render's attributes: --data shapes")
         net = train_geometry_net(args.epochs, args.seed)
     else:
-        net = train_feature_net(x_train, train.labels, len(train.classes), epochs=args.epochs, seed=args.seed)
+        net = train_feature_net(
+            x_train, train.labels, len(train.classes), epochs=args.epochs, seed=args.seed, width=args.width
+        )
     seconds = time.perf_counter() - started
     _, preds = extract(net, x_test)
     accuracy = (preds == test.labels).double().mean().item()
@@ -113,7 +128,7 @@ def main() -> None:
             "in_channels": x_train.shape[1],
             "img_size": x_train.shape[2],
             "n_classes": len(train.classes),
-            "width": 32,
+            "width": args.width,
             "classes": list(train.classes),
         },
         path,

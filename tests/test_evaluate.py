@@ -216,12 +216,27 @@ def test_eval_cli_end_to_end_on_a_tiny_checkpoint(tiny_run, tmp_path, capsys, ev
         "seed": 0,
     }
     assert metrics["sampler"]["source"].startswith("steps as given, the rest as recorded")
+    # every field a FID compares under, none left unknown for samples drawn from a checkpoint
+    assert metrics["protocol"] == {
+        "feature_net": "shapes_cnn",
+        "reference": "shapes test",
+        "n_reference": metrics["n_reference"],
+        "n_samples": 40,
+        "sampler": "euler, 2 steps",
+        "guidance": "2",
+        "nfe_per_image": 4,
+        "precision": "fp32",
+    }
+    assert metrics["n_reference"] > 40
     assert metrics["command"].startswith(f"tinydit eval --checkpoint {ckpt} --n 40")
     report = (tmp_path / "ev" / "report.md").read_text()
     assert (
         "fid_shapes_cnn" in report
         and "samples_by_class.png" in report
         and "- sampler: sampler euler, steps 2, cfg_scale 2.0" in report
+        and f"- protocol: shapes_cnn features; reference shapes test, {metrics['n_reference']:,} images; 40 samples; "
+        "euler, 2 steps, guidance 2, 4 evaluations per image; fp32"
+        in report
     )
 
     # the same samples written to .npz evaluate to the same numbers (eval generates in fp32)
@@ -260,6 +275,9 @@ def test_eval_cli_end_to_end_on_a_tiny_checkpoint(tiny_run, tmp_path, capsys, ev
     again = json.loads((tmp_path / "ev2" / "metrics.json").read_text())
     assert again["fid_shapes_cnn"] == pytest.approx(metrics["fid_shapes_cnn"], rel=1e-6)
     assert again["feature_nets"]["shapes_cnn"]["cache_hit"]
+    # images from a file: what drew them is not known, and the protocol says so
+    assert again["protocol"]["sampler"] is None and again["protocol"]["precision"] is None
+    assert "sampler not recorded" in (tmp_path / "ev2" / "report.md").read_text()
 
 
 def test_eval_cli_errors(tmp_path, capsys, monkeypatch):
@@ -354,3 +372,26 @@ def test_inception_fid_with_local_weights_and_clear_error_offline(tmp_path, monk
     monkeypatch.setattr("torch_fidelity.feature_extractor_inceptionv3.URL_INCEPTION_V3", "http://127.0.0.1:9/x.pth")
     with pytest.raises(TinyDiTError, match="could not be downloaded.*`inception_weights` PATH"):
         InceptionFeatures(None)
+
+
+def test_the_protocol_is_read_from_old_metrics_and_said_in_one_line():
+    from tinydit.eval.protocol import PROTOCOL_FIELDS, describe_protocol, protocol_of
+
+    old = {  # a metrics.json of an older tinydit eval: no protocol, the sampler's older names
+        "fid_fmnist_cnn": 1.99,
+        "n_reference": 10000,
+        "n_samples": 2000,
+        "data": "fashion-mnist",
+        "split": "test",
+        "feature_nets": {"fmnist_cnn": {"sha256": "c9f4"}},
+        "nfe_per_image": 64,
+        "sampler": {"name": "euler", "steps": 32, "cfg": 2.0, "seed": 0},
+    }
+    protocol = protocol_of(old)
+    assert tuple(protocol) == PROTOCOL_FIELDS
+    assert describe_protocol(protocol) == (
+        "fmnist_cnn features; reference fashion-mnist test, 10,000 images; 2,000 samples; "
+        "euler, 32 steps, guidance 2, 64 evaluations per image; precision not recorded"
+    )
+    guided = {**old, "sampler": {"sampler": "ancestral", "steps": 64, "cfg_scale": 50.0, "cfg_interval": [0.8, 1.0]}}
+    assert protocol_of(guided)["guidance"] == "50 on t in [0.8, 1]"

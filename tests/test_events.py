@@ -10,7 +10,7 @@ from conftest import fast_config
 from tinydit.distributed import SINGLE
 from tinydit.errors import TinyDiTError
 from tinydit.train.budget import Budget, Clock
-from tinydit.train.events import Actions, Events
+from tinydit.train.events import Actions, Events, Validation
 from tinydit.train.resolve import resolve
 
 
@@ -38,7 +38,7 @@ def _events(tmp_path, scores, **intervals):
         return {"fid_shapes_cnn": scores.pop(0), "fid_other": 1.0}
 
     actions = Actions(
-        validate=lambda: (calls.append(("validate", run.step)), (2.0, 1.5, [1.0, 2.0]))[1],
+        validate=lambda: (calls.append(("validate", run.step)), Validation(2.0, 1.5, [1.0, 2.0], 0.5, 0.4))[1],
         draw_grid=lambda step: (calls.append(("grid", step)), tmp_path / f"grid_{step}.png")[1],
         score=score,
         save=lambda name=None: (calls.append(("save", run.step, name or "checkpoint.pt")), tmp_path)[1],
@@ -72,6 +72,15 @@ def test_each_event_fires_on_its_interval_and_best_pt_keeps_the_lowest_score(tmp
     ]
     assert events.best == {"metric": "fid_shapes_cnn", "value": 3.0, "step": 8}
     assert (events.val, events.val_ema, events.by_t) == (2.0, 1.5, [1.0, 2.0])
+    val = [r for r in log.records if "val_loss_ema_by_t" in r][-1]  # each loss under a name that says its times
+    assert val == {
+        "step": 12,
+        "val_loss_even_t": 2.0,
+        "val_loss_ema_even_t": 1.5,
+        "val_loss_ema_by_t": [1.0, 2.0],
+        "val_loss_train_t": 0.5,
+        "val_loss_ema_train_t": 0.4,
+    }
     evals = [r for r in log.records if "eval_best" in r]
     assert [r["eval_best"] for r in evals] == [True, True, False] and evals[0]["eval/fid_other"] == 1.0
 

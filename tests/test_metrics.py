@@ -76,3 +76,20 @@ def test_precision_and_recall_separate_quality_from_coverage():
 def test_too_few_samples_is_a_clear_error():
     with pytest.raises(TinyDiTError, match="too few"):
         fid_from_features(torch.randn(100, 4), torch.randn(3, 4))
+
+
+def test_linear_cka_is_one_for_the_same_features_up_to_rotation_and_scale_and_near_zero_for_unrelated_ones():
+    from tinydit.eval.metrics import linear_cka
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2000, 16, generator=gen) @ torch.randn(16, 16, generator=gen)  # correlated features
+    rotation, _ = torch.linalg.qr(torch.randn(16, 16, generator=gen))  # orthogonal
+    assert linear_cka(x, x) == pytest.approx(1.0, abs=1e-12)
+    assert linear_cka(x, 3.7 * x @ rotation + 5.0) == pytest.approx(1.0, abs=1e-9)  # rotated, scaled, shifted
+    assert linear_cka(x, torch.cat([x, x], 1)) == pytest.approx(1.0, abs=1e-9)  # any number of features
+    assert linear_cka(x, torch.randn(2000, 8, generator=gen)) < 0.02  # independent features
+    # negative control: a scale that differs per feature is no rotation, and CKA sees it
+    stretched = x @ rotation * torch.logspace(0, 2, 16)
+    assert linear_cka(x, stretched) < 0.9
+    with pytest.raises(TinyDiTError, match="same n inputs"):
+        linear_cka(x, x[:10])

@@ -68,7 +68,8 @@ def test_tensorboard_holds_the_losses_evaluations_and_sample_grids(evaluated_run
     events = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0, "images": 0}).Reload()
     tags = events.Tags()
     # loss_by_t/5, a middle bin of t: every window has times there (noise-ward times seldom fall in bin 0)
-    assert {"loss", "lr", "val_loss_ema", "eval/fid_shapes_cnn", "loss_by_t/5"} <= set(tags["scalars"])
+    wanted = {"loss", "lr", "val_loss_ema_even_t", "val_loss_ema_train_t", "eval/fid_shapes_cnn", "loss_by_t/5"}
+    assert wanted <= set(tags["scalars"])
     assert [e.step for e in events.Scalars("eval/fid_shapes_cnn")] == [4, 8]
     fids = {r["step"]: r["eval/fid_shapes_cnn"] for r in _records(out) if "eval/fid_shapes_cnn" in r}
     assert [e.value for e in events.Scalars("eval/fid_shapes_cnn")] == pytest.approx([fids[4], fids[8]])
@@ -112,6 +113,9 @@ def test_the_report_is_one_self_contained_page(evaluated_run):
     for png in pngs:
         assert Image.open(io.BytesIO(png)).size[0] > 0
     assert "http://" not in page and "https://" not in page and "<script" not in page
+    # the evaluations' protocol beside them, and why the two validation losses differ beside the loss
+    assert "Protocol: shapes_cnn features; reference shapes test" in page and "; 20 samples; " in page
+    assert "they differ in their times only" in page and "is not overfitting" in page
     for text in (
         "Samples at the end",
         "Loss by t",

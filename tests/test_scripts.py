@@ -66,8 +66,8 @@ def test_compare_runs_prints_the_runs_validation_losses_at_a_shared_step(tiny_ru
     code, out, _ = run_script(SCRIPTS / "compare_runs.py", [str(run), str(again), "--every", "4"], capsys)
     assert code == 0
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    last = [r for r in records if "val_loss_ema" in r][-1]
-    numbers = [f"{last['val_loss_ema']:.4f}", *(f"{v:.3f}" for v in last["val_loss_ema_by_t"])]
+    last = [r for r in records if "val_loss_ema_even_t" in r][-1]
+    numbers = [f"{last['val_loss_ema_even_t']:.4f}", *(f"{v:.3f}" for v in last["val_loss_ema_by_t"])]
     rows = [line.split() for line in out.splitlines()[1:]]
     assert [r for r in rows if r[0] == str(last["step"])] == [
         [str(last["step"]), str(name), *numbers] for name in (run, again)
@@ -98,3 +98,12 @@ def test_mirror_share_tells_images_that_face_the_means_way_from_mirrored_ones():
     assert mirror_share.facing_share(x, labels, means) == [1.0, 1.0, None]
     mirrored = torch.where((torch.arange(40) < 30).view(-1, 1, 1, 1), x.flip(-1), x)  # 15 of each class's 20
     assert mirror_share.facing_share(mirrored, labels, means)[:2] == [0.25, 0.25]
+
+
+def test_judge_similarity_prints_the_cka_of_each_pair_and_its_controls(capsys):
+    code, out, _ = run_script(SCRIPTS / "judge_similarity.py", ["--n", "64"], capsys)
+    assert code == 0
+    shapes = out.split("fashion-mnist")[0]
+    assert "shapes_cnn vs shapes_repa, 64 test images" in shapes
+    values = [float(line.split()[-1]) for line in shapes.splitlines()[1:] if line.strip()]
+    assert len(values) == 4 and all(0 <= v <= 1 + 1e-9 for v in values)

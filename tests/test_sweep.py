@@ -63,6 +63,11 @@ def test_plot_lines_run_in_order_of_evaluations_and_the_table_in_sweep_order(tmp
     assert drawn == [("euler, cfg 3", [20, 21, 22], [1.4, 2.0, 1.5])]
     table = [line for line in (tmp_path / "sweep.md").read_text().splitlines() if line.startswith("| euler")]
     assert [line.split(" | ")[1] for line in table] == ["10", "11", "12"]
+    # the protocol the rows share is stated above the table: feature net, reference, sample count, precision
+    assert (
+        "Every row: fmnist_cnn features; reference fashion-mnist test, ? images; 1,000 samples; fp32"
+        in (tmp_path / "sweep.md").read_text()
+    )
 
 
 def test_sweep_cli_writes_the_table_and_the_plot_and_continues(tiny_run, tmp_path, capsys, eval_cache):

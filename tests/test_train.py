@@ -82,7 +82,7 @@ def test_checkpoint_round_trip_and_contents(tiny_run):
     assert cfg["train"]["preset"] == "dit-0.2m" and cfg["model"]["dim"] == 64 and cfg["processes"] == 1
     assert cfg["kernels"]["token_linears"] in ("blas", "onednn") and cfg["kernels"]["attention"] == "sdpa"  # fp32
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert any("val_loss" in r for r in lines) and any("img_per_s" in r for r in lines)
+    assert any("val_loss_even_t" in r for r in lines) and any("img_per_s" in r for r in lines)
     assert (out / "samples.png").exists()
 
 
@@ -262,7 +262,7 @@ def test_losses_are_logged_per_bin_of_t(tmp_path):
     # 64 uniform times fill most bins; every bin's mean is a loss, and they average back to the total.
     seen = [v for v in train["loss_by_t"] if v is not None]
     assert len(seen) >= 8 and all(v > 0 for v in seen)
-    assert abs(sum(val["val_loss_ema_by_t"]) / 10 - val["val_loss_ema"]) < 1e-4  # 40 images: 4 per bin
+    assert abs(sum(val["val_loss_ema_by_t"]) / 10 - val["val_loss_ema_even_t"]) < 1e-4  # 40 images: 4 per bin
 
     class WrongNearNoise(torch.nn.Module):  # predicts 0 for t < 0.5 and a far-off 10 from there on
         def forward(self, x, t, y):
@@ -270,6 +270,33 @@ def test_losses_are_logged_per_bin_of_t(tmp_path):
 
     total, by_t = trainer.validation_losses(WrongNearNoise())
     assert max(by_t[:5]) < 3 and min(by_t[5:]) > 50  # the error shows up in exactly the bins of t >= 0.5
+
+
+def test_the_validation_at_training_times_draws_them_once_from_the_runs_own_distribution(tmp_path):
+    from tinydit.flow.path import sample_t
+    from tinydit.train.diagnostics import VAL_T_SEED
+
+    cfg = fast_config(tmp_path, steps=4, log_every=4, val_every=4, val_size=40, t_sampling="logit-normal", t_shift=3.0)
+    trainer = Trainer(cfg, progress=False)
+    drawn = sample_t(40, torch.Generator().manual_seed(VAL_T_SEED), kind="logit-normal", shift=3.0)
+    assert torch.equal(trainer.val_times, drawn)
+
+    class WrongNearNoise(torch.nn.Module):  # a loss of about 100 where t >= 0.5, about 1 below
+        def forward(self, x, t, y):
+            return 10.0 * (t >= 0.5).float().view(-1, 1, 1, 1).expand_as(x)
+
+    training = trainer.validation_losses(WrongNearNoise(), "training")[0]
+    assert training == trainer.validation_losses(WrongNearNoise(), "training")[0]  # the same times at every call
+    # the share of the losses near 100 is the share of the draw's times past 0.5 (most, shifted towards
+    # noise), not the even times' half
+    share = (drawn >= 0.5).float().mean().item()
+    assert share > 0.7 and abs(training / 100 - share) < 0.05, (training, share)
+    assert abs(trainer.validation_losses(WrongNearNoise())[0] / 100 - 0.5) < 0.05
+    result = trainer.fit()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    val = next(r for r in records if "val_loss_ema_train_t" in r)
+    assert val["val_loss_train_t"] == result.val_loss_train_t and val["val_loss_even_t"] == result.val_loss
+    assert val["val_loss_ema_train_t"] == trainer.validation_losses(trainer.run.ema, "training")[0]
 
 
 def test_a_run_continues_with_its_own_architecture_after_its_preset_changes(tmp_path, monkeypatch):

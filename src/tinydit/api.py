@@ -35,6 +35,7 @@ from tinydit.data.text import tokenizer_of
 from tinydit.errors import TinyDiTError
 from tinydit.eval.evaluate import DEFAULT_CACHE, eval_spec, to_eval_images
 from tinydit.eval.evaluate import evaluate as evaluate_images
+from tinydit.eval.protocol import protocol_of
 from tinydit.eval.report import write_report
 from tinydit.eval.run_report import write_run_report
 from tinydit.eval.sampling import generate_for_eval
@@ -237,7 +238,7 @@ def evaluate(
         raise TinyDiTError(
             f"{checkpoint or samples} does not exist; pass a checkpoint.pt, or samples as an .npz or a folder of images"
         )
-    extra: dict = {"nfe_per_image": None, "generation_seconds": None}
+    extra: dict = {"nfe_per_image": None, "generation_seconds": None, "precision": None}  # images from a file
     world = distributed.init(resolve_device(device))
     if checkpoint is not None:
         state = checkpoints.load_checkpoint(checkpoint)
@@ -261,6 +262,7 @@ def evaluate(
     nets = dict(inception=inception, inception_weights=inception_weights)
     metrics = evaluate_images(images, labels, spec, split=split, root=data_root, cache_dir=cache_dir, **nets)
     metrics.update(extra)
+    metrics["protocol"] = protocol_of(metrics)  # what the numbers compare with: the same protocol only
     out = ensure_writable_dir(out)  # created only now: a bad input leaves no empty folder behind
     write_report(out, metrics, command or "", images, labels, classes)
     return metrics

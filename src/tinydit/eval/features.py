@@ -127,10 +127,12 @@ def train_feature_net(
     lr: float = 2e-3,
     seed: int = 0,
     log=print,
+    width: int = 32,
 ) -> FeatureNet:
-    """Train a FeatureNet on uint8 images (N, C, S, S) with random flips; deterministic for a seed on a CPU."""
+    """Train a FeatureNet of ``width`` on uint8 images (N, C, S, S) with random flips; deterministic for a seed
+    on a CPU."""
     torch.manual_seed(seed)
-    net = FeatureNet(train_images.shape[1], n_classes)
+    net = FeatureNet(train_images.shape[1], n_classes, width)
     opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=5e-4)
     steps = epochs * (len(train_images) // batch_size)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps)

@@ -1,4 +1,5 @@
-"""Sample-quality metrics on feature vectors: Fréchet distance, KID, precision and recall.
+"""Sample-quality metrics on feature vectors: Fréchet distance, KID, precision and recall; and how alike two
+networks' features are (linear CKA), to know whether a judge is independent of what it judges.
 
 All functions take features as float tensors (N, F) from the same feature network, real first.
 They are computed in float64 on the CPU: the covariance square root is numerically delicate.
@@ -19,7 +20,15 @@ import torch
 
 from tinydit.errors import TinyDiTError
 
-__all__ = ["feature_stats", "frechet_distance", "fid_from_features", "kid", "precision_recall", "MIN_SAMPLES"]
+__all__ = [
+    "feature_stats",
+    "frechet_distance",
+    "fid_from_features",
+    "kid",
+    "precision_recall",
+    "linear_cka",
+    "MIN_SAMPLES",
+]
 
 MIN_SAMPLES = 10  # below this none of the estimates below means anything
 
@@ -121,3 +130,26 @@ def precision_recall(real: torch.Tensor, fake: torch.Tensor, k: int = 3) -> tupl
     precision = _inside(fake, real, real_r).double().mean().item()
     recall = _inside(real, fake, fake_r).double().mean().item()
     return precision, recall
+
+
+def linear_cka(x: torch.Tensor, y: torch.Tensor) -> float:
+    """Linear centred kernel alignment of two networks' features of the same n inputs, x (n, p) and y (n, q)
+    (Kornblith et al. 2019, eq. 5): ||Y^T X||_F^2 / (||X^T X||_F ||Y^T Y||_F) after centring each feature.
+
+    1 for features that are the same up to an orthogonal map and an isotropic scale (a rotation of one
+    network's feature space into the other's), near 0 for unrelated features; it does not depend on the
+    ordering or the number of features. Computed in float64."""
+    if x.dim() != 2 or y.dim() != 2 or x.shape[0] != y.shape[0]:
+        raise TinyDiTError(
+            f"`x` and `y` must be (n, p) and (n, q) features of the same n inputs, "
+            f"got {tuple(x.shape)} and {tuple(y.shape)}"
+        )
+    if x.shape[0] < 2:
+        raise TinyDiTError(f"`x` and `y` need at least 2 inputs, got {x.shape[0]}")
+    x, y = x.double(), y.double()
+    x, y = x - x.mean(0), y - y.mean(0)
+    cross = (y.T @ x).pow(2).sum()
+    norms = torch.linalg.matrix_norm(x.T @ x) * torch.linalg.matrix_norm(y.T @ y)
+    if norms == 0:
+        raise TinyDiTError("`x` or `y` is constant over the inputs: CKA is undefined")
+    return (cross / norms).item()

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tinydit.eval.protocol import describe_protocol, protocol_of
 from tinydit.files import write_text
 from tinydit.images import from_uint8, save_grid
 
@@ -40,7 +41,7 @@ def write_report(
     rows = [
         f"| {k} | {v:.5g} |" if isinstance(v, float) else f"| {k} | {v} |"
         for k, v in metrics.items()
-        if not isinstance(v, dict)
+        if not isinstance(v, (dict, list))
     ]
     lines = [
         f"# TinyDiT evaluation: {metrics['data']} ({metrics['split']} split)",
@@ -54,6 +55,8 @@ def write_report(
         *rows,
         "",
     ]
+    # first: the numbers above compare only with numbers of the same protocol
+    lines += [f"- protocol: {describe_protocol(protocol_of(metrics))}"]
     if isinstance(metrics.get("sampler"), dict):
         sampler = metrics["sampler"]
         settings = ", ".join(f"{k} {v}" for k, v in sampler.items() if v is not None and k != "source")

@@ -23,9 +23,10 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 from tinydit.errors import TinyDiTError
+from tinydit.eval.protocol import describe_protocol, protocol_of
 from tinydit.files import read_lines, write_text
 
-__all__ = ["write_run_report", "read_metrics"]
+__all__ = ["write_run_report", "read_metrics", "VAL_KEYS", "val_loss_even_t"]
 
 DPI = 100
 STRIP_MAX = 24  # sample grids shown in the strip over training (evenly chosen, the last always in)
@@ -55,29 +56,89 @@ def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
     return [s for s, _ in pts], [v for _, v in pts]
 
 
-def _loss_plot(records: list[dict]) -> str | None:
+# metrics.jsonl's validation losses: at the fixed draw of the run's training times, and at times spread evenly
+# over [0, 1] (``tinydit.train.diagnostics``). Runs from before the training-time one, and students (on their
+# teacher's paths), wrote the even-t losses as val_loss and val_loss_ema.
+VAL_KEYS = {
+    "train_t": ("val_loss_train_t", "val_loss_ema_train_t"),
+    "even_t": ("val_loss_even_t", "val_loss_ema_even_t"),
+    "old": ("val_loss", "val_loss_ema"),
+}
+
+
+def val_loss_even_t(record: dict, ema: bool = True) -> float | None:
+    """A validation record's loss at even t (the EMA's, or the raw weights'), new key or old; None where none."""
+    i = 1 if ema else 0
+    return record.get(VAL_KEYS["even_t"][i], record.get(VAL_KEYS["old"][i]))
+
+
+def _why_curves_differ(config: dict) -> str:
+    """One sentence: why the validation at the training times and the one at even t differ."""
+    train = config.get("train", {})
+    draw = str(train.get("t_sampling", "its own distribution"))
+    if train.get("t_shift") not in (None, 1, 1.0):
+        draw += f", shifted by {train['t_shift']:g}"
+    why = (
+        "the loss is a velocity error, which for this x-prediction model is its image error over t, so the "
+        "even-t mean is dominated by t < 0.1, which training rarely samples"
+        if config.get("model", {}).get("pred") == "x"
+        else "the loss depends strongly on t (the loss by t below), so its mean depends on which times are drawn"
+    )
+    return (
+        f"Both validations use the same held-out images and noise, labels kept; they differ in their times only: "
+        f"the left one draws them once, fixed, from the training distribution ({draw}) and estimates what "
+        f"the training loss does, the right one spreads them evenly over [0, 1], as every run does, and {why}: "
+        "the two are not comparable with each other, and a gap between them is not overfitting."
+    )
+
+
+def _loss_plot(records: list[dict], distilled: bool = False) -> str | None:
+    """The training loss beside the validation at the training times, and the validation at even t (a student:
+    on its teacher's paths) on an axis of its own."""
     from matplotlib.figure import Figure  # here: matplotlib costs a second at start-up
 
-    fig = Figure(figsize=(8, 4), dpi=DPI, layout="constrained")
-    ax = fig.add_subplot()
-    drawn, spread = False, 1.0
-    curves = (("loss", "training loss"), ("val_loss", "validation loss"), ("val_loss_ema", "validation (EMA)"))
-    for key, label in curves:
-        steps, values = _series(records, key)
-        if steps:
-            ax.plot(steps, values, marker="o" if key != "loss" or len(steps) < 30 else None, markersize=3, label=label)
-            drawn = True
-            spread = max(spread, max(values) / max(min(values), 1e-12))
+    even_label = "on the teacher's paths" if distilled else "at even t over [0, 1]"
+    panels = (
+        (
+            "At the training times",
+            (
+                ("loss", "training loss"),
+                (VAL_KEYS["train_t"][0], "validation"),
+                (VAL_KEYS["train_t"][1], "validation (EMA)"),
+            ),
+        ),
+        (
+            f"Validation {even_label}",
+            (
+                (VAL_KEYS["even_t"][0], "validation"),
+                (VAL_KEYS["even_t"][1], "validation (EMA)"),
+                (VAL_KEYS["old"][0], "validation"),
+                (VAL_KEYS["old"][1], "validation (EMA)"),
+            ),
+        ),
+    )
+    drawn = [(title, curves) for title, curves in panels if any(_series(records, k)[0] for k, _ in curves)]
     if not drawn:
         return None
-    ax.set(xlabel="step", ylabel="flow-matching loss", yscale="log" if spread > 20 else "linear", title="Loss")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
+    fig = Figure(figsize=(5 * len(drawn), 4), dpi=DPI, layout="constrained")
+    for i, (title, curves) in enumerate(drawn):
+        ax = fig.add_subplot(1, len(drawn), i + 1)
+        spread = 1.0
+        for key, label in curves:
+            steps, values = _series(records, key)
+            if steps:
+                many = key == "loss" and len(steps) >= 30
+                ax.plot(steps, values, marker=None if many else "o", markersize=3, label=label)
+                spread = max(spread, max(values) / max(min(values), 1e-12))
+        ylabel = "flow-matching loss" if i == 0 else f"flow-matching loss {even_label}"
+        ax.set(xlabel="step", ylabel=ylabel, yscale="log" if spread > 20 else "linear", title=title)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
     return _png(fig)
 
 
 def _loss_by_t_plot(records: list[dict]) -> str | None:
-    """The EMA's validation loss in each bin of t, one line per validation (darker: later)."""
+    """The EMA's validation loss at even t in each bin of t, one line per validation (darker: later)."""
     rows = [r for r in records if isinstance(r.get("val_loss_ema_by_t"), list)]
     if not rows:
         return None
@@ -94,7 +155,7 @@ def _loss_by_t_plot(records: list[dict]) -> str | None:
         ax.plot(centres, by_t, marker="o", markersize=3, color=(0.12, 0.47, 0.71, shade), label=f"step {r['step']}")
     ax.set(
         xlabel="t (0 = data, 1 = noise)",
-        ylabel="validation loss (EMA)",
+        ylabel="validation loss at even t (EMA)",
         yscale="log",
         title="Where along the path the model errs",
     )
@@ -199,8 +260,27 @@ def _evaluations(run_dir: Path) -> str:
         except ValueError:
             continue
         shown = [(k, v) for k, v in metrics.items() if not isinstance(v, (dict, list))]
-        out.append(f"<h3>{html.escape(str(path.parent.relative_to(run_dir)))}</h3>{_table(shown)}")
+        protocol = f"<p>Protocol: {html.escape(describe_protocol(protocol_of(metrics)))}</p>"
+        out.append(f"<h3>{html.escape(str(path.parent.relative_to(run_dir)))}</h3>{protocol}{_table(shown)}")
     return "".join(out)
+
+
+def _eval_protocol(records: list[dict], config: dict) -> str:
+    """What the evaluations during training were measured under, as the last one recorded it (a run from
+    before the record: what its config says)."""
+    line = next((r["eval/protocol"] for r in reversed(records) if isinstance(r.get("eval/protocol"), str)), None)
+    if line is None:
+        last = next((r for r in reversed(records) if "eval/n_samples" in r), None)
+        if last is None:
+            return ""
+        measured = {
+            "data": config.get("data", {}).get("name"),
+            "split": "test",  # evaluation during training scores against the test split
+            **{k.removeprefix("eval/"): v for k, v in last.items() if k.startswith("eval/")},
+            "precision": config.get("precision"),
+        }
+        line = describe_protocol(protocol_of(measured), sampling=False) + "; the checkpoint's recorded sampler"
+    return f"<p>Protocol: {html.escape(line)}. Scores compare only with scores of the same protocol.</p>"
 
 
 STYLE = """
@@ -264,13 +344,19 @@ def write_run_report(run_dir: str | Path) -> Path:
             "<h2>Samples at the end</h2>",
             f'<img class="plot" src="{_final_grid(final, columns, rows, tile)}" alt="final samples">',
         ]
+    distilled = train.get("objective", train.get("few_step")) == "distill"  # older runs: few_step
+    both = any(VAL_KEYS["train_t"][1] in r for r in records)  # the two validations: why they differ, said once
+    notes = {
+        "Loss": f"<p>{html.escape(_why_curves_differ(config))}</p>" if both else "",
+        "Evaluation during training": _eval_protocol(records, config),
+    }
     for title, uri in (
-        ("Loss", _loss_plot(records)),
+        ("Loss", _loss_plot(records, distilled)),
         ("Loss by t", _loss_by_t_plot(records)),
         ("Evaluation during training", _eval_plot(records, best_metric)),
     ):
         if uri is not None:
-            sections += [f"<h2>{title}</h2>", f'<img class="plot" src="{uri}" alt="{title}">']
+            sections += [f"<h2>{title}</h2>", f'<img class="plot" src="{uri}" alt="{title}">', notes.get(title, "")]
     sections += ["<h2>Samples over training</h2>", _strip(run_dir)]
     evaluations = _evaluations(run_dir)
     if evaluations:

@@ -18,6 +18,7 @@ from tinydit.distributed import SINGLE, World
 from tinydit.errors import TinyDiTError
 from tinydit.eval.adherence import flatten, prompts_for, score, shape_accuracy
 from tinydit.eval.evaluate import DEFAULT_CACHE, EvalSpec, evaluate, spec_for
+from tinydit.eval.protocol import describe_protocol, protocol_of
 from tinydit.eval.shape_fit import strict_scores
 from tinydit.flow.distill import warn_if_untrained_settings
 from tinydit.flow.generate import class_cycle, generate
@@ -106,7 +107,7 @@ def generate_for_eval(
     target = EvalTarget.of_checkpoint(state)
     x, labels, info = sample_for_eval(model, target, n, settings, seed, progress=progress, world=world)
     sampler = {**settings.filled().to_json(), "seed": seed}
-    return x, labels, spec, list(state.data.classes), {**info, "sampler": sampler}
+    return x, labels, spec, list(state.data.classes), {**info, "sampler": sampler, "precision": "fp32"}
 
 
 def sample_for_eval(
@@ -147,10 +148,14 @@ def score_model(
     cache_dir: str | Path | None = DEFAULT_CACHE,
     *,
     progress: bool = False,
+    precision: str | None = None,
 ) -> dict:
     """``sample_for_eval``'s samples scored with the offline metrics against the test split: one flat dict
-    of numbers (what evaluation during training logs)."""
+    of numbers (what evaluation during training logs), and under ``protocol`` the line that says what they
+    were measured under (``tinydit.eval.protocol``; ``precision``: what the caller samples in)."""
     x, labels, info = sample_for_eval(model, target, n, settings, seed, progress=progress)
     spec = spec_for(target.data, x.shape[-1])  # an image folder's reference at the size it trained at
     metrics = evaluate(x.float(), labels, spec, root=root, cache_dir=cache_dir)
-    return {k: v for k, v in {**metrics, **info}.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    measured = {**metrics, **info, "sampler": settings.filled().to_json(), "precision": precision}
+    numbers = {k: v for k, v in {**metrics, **info}.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {**numbers, "protocol": describe_protocol(protocol_of(measured))}

@@ -33,6 +33,7 @@ from tinydit.errors import TinyDiTError
 from tinydit.eval.evaluate import DEFAULT_CACHE, EvalSpec, evaluate, spec_for
 from tinydit.eval.metrics import MIN_SAMPLES
 from tinydit.eval.plot import MARKERS, line_plot
+from tinydit.eval.protocol import describe_protocol, protocol_of
 from tinydit.eval.sampling import EvalTarget, eval_conditions
 from tinydit.files import ensure_writable_dir, write_text
 from tinydit.flow.generate import generate
@@ -243,6 +244,20 @@ def _cell(v) -> str:
     return str(v)
 
 
+def _sweep_protocol(settings: dict, rows: list[dict]) -> str:
+    """The protocol every row of the sweep shares: feature network, reference, sample count, precision."""
+    first = rows[0] if rows else {}
+    shared = {
+        "feature_net": first.get("feature_net") or spec_for(settings["data"]).feature_net,
+        "data": settings["data"],
+        "split": settings["split"],
+        "n_reference": first.get("n_reference"),
+        "n_samples": settings["n"],
+        "precision": "fp32",  # a sweep samples in fp32 on every device, as `tinydit eval` does
+    }
+    return describe_protocol(protocol_of(shared), sampling=False)
+
+
 def write_sweep(out: Path, settings: dict, rows: list[dict], command: str | None = None) -> None:
     """sweep.json, sweep.csv, sweep.md and sweep.png from the rows so far."""
     net = rows[0]["feature_net"] if rows else spec_for(settings["data"]).feature_net
@@ -261,6 +276,9 @@ def write_sweep(out: Path, settings: dict, rows: list[dict], command: str | None
         "",
         *(["```", command, "```", ""] if command else []),
         shown,
+        "",
+        f"Every row: {_sweep_protocol(settings, rows)}; its sampler, guidance and evaluations per image in its "
+        "columns. FIDs compare only under the same protocol (`tinydit.eval.protocol`).",
         "",
         "| " + " | ".join(columns) + " |",
         "|" + "---|" * len(columns),

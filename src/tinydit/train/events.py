@@ -19,11 +19,12 @@ import torch
 from tinydit.config import TrainConfig
 from tinydit.errors import TinyDiTError
 from tinydit.eval.evaluate import default_best_metric, lower_is_better
+from tinydit.eval.run_report import VAL_KEYS
 from tinydit.flow.objectives import objective_named
 from tinydit.flow.path import N_T_BINS, t_bins
 from tinydit.train.budget import Clock
 
-__all__ = ["Window", "Actions", "Events", "best_metric"]
+__all__ = ["Window", "Validation", "Actions", "Events", "best_metric"]
 
 
 class Window:
@@ -85,12 +86,38 @@ def best_metric(cfg, data_name: str, text: bool) -> tuple[str, bool]:
 
 
 @dataclass(frozen=True)
+class Validation:
+    """One validation (``tinydit.train.diagnostics``): the raw weights' and the EMA's loss at times spread
+    evenly over [0, 1], the EMA's per bin of t, and the two at the fixed draw of the training times. A
+    student validates on its teacher's paths instead: its losses, the EMA's per step count, and no training times."""
+
+    even_t: float
+    ema_even_t: float
+    ema_by_t: list[float]
+    train_t: float | None = None
+    ema_train_t: float | None = None
+
+    def record(self, distilled: bool) -> dict:
+        """Its metrics.jsonl keys (``tinydit.eval.run_report.VAL_KEYS``): a student's keep their old names."""
+        by_t = [round(v, 5) for v in self.ema_by_t]
+        raw_key, ema_key = VAL_KEYS["old" if distilled else "even_t"]
+        record = {raw_key: self.even_t, ema_key: self.ema_even_t}
+        if distilled:
+            return record | {"val_loss_ema_by_steps": by_t}
+        record["val_loss_ema_by_t"] = by_t
+        if self.train_t is not None:
+            raw_key, ema_key = VAL_KEYS["train_t"]
+            record |= {raw_key: self.train_t, ema_key: self.ema_train_t}
+        return record
+
+
+@dataclass(frozen=True)
 class Actions:
-    """What the events do with the run's parts (the trainer's methods): validate (the raw weights' and the
-    EMA's loss, and the EMA's per bin), draw the sample grid at a step (its file), score the EMA's samples
+    """What the events do with the run's parts (the trainer's methods): validate (``Validation``), draw the
+    sample grid at a step (its file), score the EMA's samples
     (the metrics), and save a checkpoint (to the run's checkpoint.pt, or to the path given)."""
 
-    validate: Callable[[], tuple[float, float, list[float]]]
+    validate: Callable[[], Validation]
     draw_grid: Callable[[int], Path]
     score: Callable[[], dict[str, float]]
     save: Callable[..., Path]
@@ -117,8 +144,9 @@ class Events:
         self.best = best  # {metric, value, step} of best.pt, kept here and written into every checkpoint
         self.window = Window(run.device, run.step)
         self.clock: Clock | None = None  # the loop's, from ``start``
-        self.val = self.val_ema = self.samples = None
-        self.by_t: list[float] = []
+        self.samples = None
+        self.validation: Validation | None = None  # the last
+        self.by_t: list[float] = []  # the last log window's training loss per bin of t, then the last validation's
 
     def start(self, clock: Clock) -> None:
         """The loop begins, its seconds trained on ``clock``: a fresh log window."""
@@ -154,12 +182,22 @@ class Events:
             self.evaluate()
         self.actions.save()
 
+    @property
+    def val(self) -> float | None:
+        """The raw weights' last validation loss at even times (a student: on its teacher's paths)."""
+        return None if self.validation is None else self.validation.even_t
+
+    @property
+    def val_ema(self) -> float | None:
+        """The EMA's, likewise."""
+        return None if self.validation is None else self.validation.ema_even_t
+
     def validate(self) -> None:
-        """The validation loss of the raw weights and of the EMA (also per bin of t) into metrics.jsonl."""
-        self.val, self.val_ema, self.by_t = self.actions.validate()
-        key = "val_loss_ema_by_steps" if objective_named(self.cfg.objective).teacher else "val_loss_ema_by_t"
-        record = {"val_loss": self.val, "val_loss_ema": self.val_ema, key: [round(v, 5) for v in self.by_t]}
-        self.log.record({"step": self.run.step, **record})
+        """The validation losses of the raw weights and of the EMA (``Validation``) into metrics.jsonl."""
+        self.validation = self.actions.validate()
+        self.by_t = self.validation.ema_by_t
+        distilled = objective_named(self.cfg.objective).teacher
+        self.log.record({"step": self.run.step, **self.validation.record(distilled)})
 
     def sample_grid(self) -> Path:
         """The EMA's sample grid at this step, into the log."""

@@ -158,8 +158,15 @@ class RunLog:
 
     def report(self, run: Run, events, checkpoint: Path, distilled: bool) -> None:
         """The closing lines of a run: its validation losses (``events``' last) and files."""
+        val = events.validation
+        if distilled:  # on its teacher's paths
+            losses = f"val loss {val.even_t:.4f} (EMA {val.ema_even_t:.4f})"
+        else:
+            losses = f"val loss at even t {val.even_t:.4f} (EMA {val.ema_even_t:.4f})"
+            if val.train_t is not None:
+                losses += f", at training t {val.train_t:.4f} (EMA {val.ema_train_t:.4f})"
         self.say(
-            f"step {run.step}: val loss {events.val:.4f} (EMA {events.val_ema:.4f}) after "
+            f"step {run.step}: {losses} after "
             f"{run.train_seconds / 60:.1f} min; checkpoint {checkpoint}, samples {events.samples}"
         )
         by_t = events.by_t
@@ -168,7 +175,7 @@ class RunLog:
             self.say("EMA val loss by step count: " + ", ".join(f"{n} steps {v:.4f}" for n, v in pairs))
         else:
             bins = " ".join(f"{v:.3f}" for v in by_t)
-            self.say(f"EMA val loss by t (0 = data ... 1 = noise, {N_T_BINS} bins): {bins}")
+            self.say(f"EMA val loss at even t, by t (0 = data ... 1 = noise, {N_T_BINS} bins): {bins}")
 
 
 def compile_line(choice: CompileChoice) -> str | None:

@@ -32,7 +32,9 @@ __all__ = ["Run", "TrainResult"]
 
 @dataclass
 class TrainResult:
-    """What ``Trainer.fit`` returns: the last step, the training time, the final validation losses and files."""
+    """What ``Trainer.fit`` returns: the last step, the training time, the final validation losses and files.
+    ``val_loss`` and ``val_loss_ema`` are at times spread evenly over [0, 1] (a student: on its teacher's
+    paths); the ``_train_t`` ones at the fixed draw of the run's training times (``tinydit.train.diagnostics``)."""
 
     step: int
     train_seconds: float
@@ -40,6 +42,8 @@ class TrainResult:
     val_loss_ema: float | None
     checkpoint: Path
     samples: Path | None
+    val_loss_train_t: float | None = None
+    val_loss_ema_train_t: float | None = None
 
 
 class Run:

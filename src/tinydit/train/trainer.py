@@ -37,8 +37,8 @@ from tinydit.train import optim
 from tinydit.train.budget import Budget, Clock, speed_key
 from tinydit.train.checkpoint import GracefulInterrupt, began_compiled, check_same_run, model_config_for
 from tinydit.train.data import BatchOrder, prepare_data
-from tinydit.train.diagnostics import sample_grid, validation_losses
-from tinydit.train.events import Actions, Events, best_metric
+from tinydit.train.diagnostics import sample_grid, training_times, validation_losses
+from tinydit.train.events import Actions, Events, Validation, best_metric
 from tinydit.train.log import RunLog
 from tinydit.train.repa import repa_encoder
 from tinydit.train.resolve import resolve
@@ -158,6 +158,8 @@ class Trainer:
         self.batch_size = min(cfg.batch_size, n_train)
         distributed.check_split(self.batch_size, self.world.size)
         self.order = BatchOrder(n_train, self.batch_size, cfg.seed)
+        # the validation's draw of the training times: fixed, so its curve is smooth from step to step
+        self.val_times = training_times(len(self.data.val_set), cfg.t_sampling, cfg.t_shift)  # (n_val,)
         actions = Actions(self._validate, self._draw_grid, self._score, self.save)
         best = state.best if state is not None else None
         parts = (cfg, self.run, self.log, self.world, self.budget, self.batch_size)
@@ -236,19 +238,32 @@ class Trainer:
         """This rank's share of a step's teacher paths (``PathBatch``); a student does not align."""
         return self.teacher.batch(idx[mine], self.device, g_loss), None
 
-    def validation_losses(self, model) -> tuple[float, list[float]]:
-        """The loss on the fixed held-out images (a student: its teacher's validation paths) with fixed noise
-        and evenly spread t, overall and per bin of t (per step count): comparable across runs."""
+    def validation_losses(self, model, times: str = "even") -> tuple[float, list[float]]:
+        """The loss on the fixed held-out images (a student: its teacher's validation paths) with fixed noise,
+        overall and per bin of t (per step count). ``times``: ``even`` spreads t evenly over [0, 1], the same
+        for every run (comparable across runs); ``training`` takes a fixed draw of the run's own training
+        times (comparable with its training loss; not for a student)."""
+        if times not in ("even", "training"):
+            raise TinyDiTError(f"`times` must be even or training, got {times!r}")
+        if times == "training" and self.teacher is not None:
+            raise TinyDiTError("a student validates on its teacher's paths: `times` training is not for it")
         val_paths = self.teacher.val_paths if self.teacher is not None else None
-        return validation_losses(model, self.data, self.device, val_paths)
+        t = self.val_times if times == "training" else None
+        return validation_losses(model, self.data, self.device, val_paths, t)
 
     # What the periodic events do with the run's parts (``Events`` decides when).
 
-    def _validate(self) -> tuple[float, float, list[float]]:
-        """The raw weights' validation loss, and the EMA's, overall and per bin."""
+    def _validate(self) -> Validation:
+        """The raw weights' validation losses, and the EMA's, at even times (the EMA's also per bin) and, but
+        for a student, at the training times."""
+        model, ema = self.run.model, self.run.ema
         with eagerly():  # the model's compiled blocks (regional compilation) run as they are
-            val = self.validation_losses(self.run.model)[0]
-            return (val, *self.validation_losses(self.run.ema))
+            even = (self.validation_losses(model)[0], *self.validation_losses(ema))
+            if self.teacher is not None:
+                return Validation(*even)
+            return Validation(
+                *even, self.validation_losses(model, "training")[0], self.validation_losses(ema, "training")[0]
+            )
 
     def _draw_grid(self, step: int) -> Path:
         """EMA samples from the same noise at every step, into samples/step_NNNNNN.png and samples.png."""
@@ -263,7 +278,7 @@ class Trainer:
         return path
 
     @torch.no_grad()
-    def _score(self) -> dict[str, float]:
+    def _score(self) -> dict[str, float | str]:
         """``eval_n`` EMA samples, scored in the run's precision (its scores follow the run, not the machine),
         with the sampler settings the checkpoint records."""
         data, cfg = self.data, self.cfg
@@ -278,6 +293,7 @@ class Trainer:
                 seed=cfg.seed,
                 root=cfg.data_root,
                 progress=self.progress,
+                precision=self.precision,
             )
 
     def _record_pace(self) -> None:
@@ -355,4 +371,14 @@ class Trainer:
                 write_run_report(self.out)
             log.report(run, events, self.ckpt_path, distilled=self.teacher is not None)
         world.barrier()  # every rank returns once the run's files are written
-        return TrainResult(run.step, run.train_seconds, events.val, events.val_ema, self.ckpt_path, events.samples)
+        val = events.validation
+        return TrainResult(
+            run.step,
+            run.train_seconds,
+            events.val,
+            events.val_ema,
+            self.ckpt_path,
+            events.samples,
+            val.train_t if val is not None else None,
+            val.ema_train_t if val is not None else None,
+        )
