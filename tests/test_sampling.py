@@ -15,6 +15,7 @@ from tinydit.flow.grids import GRIDS, shifted_grid, time_grid, uniform_grid
 from tinydit.flow.guidance import Velocity
 from tinydit.flow.samplers import SAMPLERS
 from tinydit.flow.settings import SamplingSettings
+from tinydit.models.dit import X_PRED_T_MIN, DiT, DiTConfig
 
 ORDER = {"euler": 1, "heun": 2, "midpoint": 2, "heun-first": 1}  # the fixed-step samplers and their order
 NFE = {
@@ -349,3 +350,34 @@ def test_on_step_sees_each_accepted_dopri5_step():
         torch.testing.assert_close(x, x1 * math.exp(a * (t - 1)), rtol=1e-4, atol=1e-5)
     assert torch.equal(calls[-1][2], res.x)
 
+
+@pytest.mark.parametrize("name", ["euler", "heun", "heun-first", "ancestral"])
+def test_an_x_prediction_models_last_step_lands_on_its_predicted_image(name):
+    """Below t = X_PRED_T_MIN the model clips t in v = (x - x0) / t; the samplers undo the clip, so a last
+    step from t = 1/32 to 0 returns the model's own x0 (its output), not a mix of it with x_t's noise."""
+    torch.manual_seed(0)
+    model = DiT(DiTConfig(img_size=8, in_channels=3, patch_size=4, dim=32, depth=1, n_heads=2, pred="x")).eval()
+    for p in model.parameters():
+        p.data.normal_(0, 0.05)
+    outputs = []  # the network's output image at each evaluation: the model's x0
+    model.velocity = lambda x, t, out, velocity=model.velocity: outputs.append(out) or velocity(x, t, out)
+    noise, y = torch.randn(2, 3, 8, 8), torch.tensor([0, 1])
+    opts = {"generator": torch.Generator().manual_seed(0)} if name == "ancestral" else {}
+    states = []
+    res = sample_with(name, model, noise, y, 32, on_step=lambda i, t, x, x0: states.append(x), **opts)
+    torch.testing.assert_close(res.x, outputs[-1], rtol=0, atol=1e-5)
+    x_s, s = states[-2], 1 / 32  # the clipped field's last step goes only s / X_PRED_T_MIN of the way
+    clipped = x_s + (s / X_PRED_T_MIN) * (outputs[-1] - x_s)
+    assert (clipped - res.x).abs().max() > 0.02  # the negative control (over 2 uint8 levels): the clipped field
+    with torch.no_grad():  # above the clip the field is the model's velocity as it is
+        t = torch.full((2,), 0.3)
+        torch.testing.assert_close(Velocity(model, y)(noise, 0.3), model(noise, t, y))
+
+
+def test_x_prediction_divides_by_t_in_float32_under_bf16():
+    model = DiT(DiTConfig(img_size=8, in_channels=3, patch_size=4, dim=32, depth=1, n_heads=2, pred="x"))
+    x, out = torch.randn(2, 3, 8, 8), torch.randn(2, 3, 8, 8).to(torch.bfloat16)  # out: as autocast makes it
+    t = torch.tensor([0.3, 0.7])
+    v = model.velocity(x, t, out)
+    assert v.dtype == torch.float32
+    torch.testing.assert_close(v, (x - out.float()) / t.view(-1, 1, 1, 1), rtol=1e-6, atol=1e-6)

@@ -3,6 +3,7 @@ et al. 2024), and the guided velocity field the samplers integrate.
 
     guided_velocity(model, x, t, y, s)   v = v_uncond + s (v_cond - v_uncond), both halves in one batch of 2N
     Velocity(model, y, s, interval)      the field dx/dt = v(x, t) of one batch, counting model evaluations
+    unclipped_scale(model, t)            what turns an x-prediction's clipped velocity into the path's own
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["null_condition", "guided_velocity", "Velocity"]
+from tinydit.models.dit import X_PRED_T_MIN
+
+__all__ = ["null_condition", "guided_velocity", "Velocity", "unclipped_scale"]
 
 
 def null_condition(model: nn.Module, y: torch.Tensor) -> torch.Tensor:
@@ -50,6 +53,22 @@ def guided_velocity(
     return v_uncond + cfg_scale * (v_cond - v_uncond), 2
 
 
+def unclipped_scale(model: nn.Module, t: float) -> float:
+    """The factor that turns the velocity an x-prediction model returns at time t into the straight path's
+    own, v = (x_t - x0) / t, for the model's predicted clean image x0; 1 for a velocity model.
+
+    An x-prediction model returns (x_t - x0) / max(t, X_PRED_T_MIN) (``tinydit.models.dit``): the clip keeps
+    its training loss finite near the data, where training rarely draws t. Integrated as it is, a step
+    that ends at t' < t < X_PRED_T_MIN goes only (t - t') / X_PRED_T_MIN of the way to x0, so a last step to
+    t = 0 returns a mix of x_t (and its noise) and x0. With the factor max(t, X_PRED_T_MIN) / t the Euler
+    step to t = 0 is x0 itself, and every step near the data interpolates between x_t and x0 as the path
+    does (DDIM's step). At t = 0, where only dopri5's last stage evaluates, the clipped value stands.
+    """
+    if getattr(model.config, "pred", "v") != "x" or not 0.0 < t < X_PRED_T_MIN:
+        return 1.0
+    return X_PRED_T_MIN / t
+
+
 class Velocity:
     """The model as the field dx/dt = v(x, t) of one batch, guided inside the interval, counting evaluations.
 
@@ -79,4 +98,5 @@ class Velocity:
             dd = torch.full_like(tt, 0.0 if d is None else d)  # (N,); 0 = the instantaneous velocity
         v, evals = guided_velocity(self.model, x, tt, self.y, scale, d=dd, null=self.null)
         self.nfe += evals
-        return v
+        factor = unclipped_scale(self.model, t)  # guidance is linear in v: the same for both halves
+        return v if factor == 1.0 else v * factor
