@@ -351,7 +351,7 @@ def test_on_step_sees_each_accepted_dopri5_step():
     assert torch.equal(calls[-1][2], res.x)
 
 
-@pytest.mark.parametrize("name", ["euler", "heun", "heun-first", "ancestral"])
+@pytest.mark.parametrize("name", ["euler", "heun", "heun-first", "ancestral", "dopri5"])
 def test_an_x_prediction_models_last_step_lands_on_its_predicted_image(name):
     """Below t = X_PRED_T_MIN the model clips t in v = (x - x0) / t; the samplers undo the clip, so a last
     step from t = 1/32 to 0 returns the model's own x0 (its output), not a mix of it with x_t's noise."""
@@ -366,6 +366,9 @@ def test_an_x_prediction_models_last_step_lands_on_its_predicted_image(name):
     states = []
     res = sample_with(name, model, noise, y, 32, on_step=lambda i, t, x, x0: states.append(x), **opts)
     torch.testing.assert_close(res.x, outputs[-1], rtol=0, atol=1e-5)
+    if name == "dopri5":  # it crossed t < X_PRED_T_MIN in one step, where (x - x0) / t is too stiff to adapt to
+        assert len(states) < 32 and res.nfe == len(outputs)
+        return
     x_s, s = states[-2], 1 / 32  # the clipped field's last step goes only s / X_PRED_T_MIN of the way
     clipped = x_s + (s / X_PRED_T_MIN) * (outputs[-1] - x_s)
     assert (clipped - res.x).abs().max() > 0.02  # the negative control (over 2 uint8 levels): the clipped field

@@ -13,7 +13,7 @@ from torch import nn
 
 from tinydit.models.dit import X_PRED_T_MIN
 
-__all__ = ["null_condition", "guided_velocity", "Velocity", "unclipped_scale"]
+__all__ = ["null_condition", "guided_velocity", "Velocity", "unclipped_scale", "singular_below"]
 
 
 def null_condition(model: nn.Module, y: torch.Tensor) -> torch.Tensor:
@@ -62,11 +62,17 @@ def unclipped_scale(model: nn.Module, t: float) -> float:
     that ends at t' < t < X_PRED_T_MIN goes only (t - t') / X_PRED_T_MIN of the way to x0, so a last step to
     t = 0 returns a mix of x_t (and its noise) and x0. With the factor max(t, X_PRED_T_MIN) / t the Euler
     step to t = 0 is x0 itself, and every step near the data interpolates between x_t and x0 as the path
-    does (DDIM's step). At t = 0, where only dopri5's last stage evaluates, the clipped value stands.
+    does (DDIM's step). The field is stiff there (its x-derivative grows as 1/t), so dopri5 crosses the
+    times below ``singular_below(model)`` in that one step rather than adapting its steps to them.
     """
-    if getattr(model.config, "pred", "v") != "x" or not 0.0 < t < X_PRED_T_MIN:
-        return 1.0
-    return X_PRED_T_MIN / t
+    t_min = singular_below(model)
+    return t_min / t if 0.0 < t < t_min else 1.0
+
+
+def singular_below(model: nn.Module) -> float:
+    """The time below which the samplers' field of ``model`` is an x-prediction's (x_t - x0) / t, singular at
+    t = 0 (``unclipped_scale``); 0 for a velocity model."""
+    return X_PRED_T_MIN if getattr(model.config, "pred", "v") == "x" else 0.0
 
 
 class Velocity:
@@ -83,6 +89,7 @@ class Velocity:
         self.null = null_condition(model, y) if cfg_scale != 1.0 else None  # the same at every step
         self.lo, self.hi = (0.0, 1.0) if cfg_interval is None else (float(cfg_interval[0]), float(cfg_interval[1]))
         self.nfe = 0  # model evaluations per image so far
+        self.singular_below = singular_below(model)  # x-prediction: (x - x0) / t below this t (``unclipped_scale``)
 
     def guided_at(self, t: float) -> bool:
         return self.cfg_scale != 1.0 and self.lo <= t <= self.hi

@@ -235,14 +235,20 @@ def dopri5(
     its pixels), both 1e-3 by default. The grid sets only the ends (grid[0], grid[-1]) and the first trial
     step (its first interval). Where a ``Velocity``'s guidance switches on or off (the ends of its interval)
     the field jumps, so the solver stops there and restarts; each piece is smooth. The steps are shared by
-    the batch, so an image can come out slightly differently (within the tolerance) in another batch.
+    the batch, so an image can come out slightly differently (within the tolerance) in another batch. An
+    x-prediction model's field below its clip of t is crossed in one Euler step
+    (``tinydit.flow.guidance.unclipped_scale``).
     """
     rtol, atol = DEFAULT_TOL if rtol is None else rtol, DEFAULT_TOL if atol is None else atol
     ts = _times(grid)
     start, end, size = ts[0], ts[-1], ts[0] - ts[1]
+    # Below an x-prediction's singular_below the field is (x - x0) / t, too stiff for adaptive steps: one
+    # Euler step crosses it, which for x0 held fixed is the path's exact step (it lands on x0 at t = 0).
+    singular = velocity.singular_below if isinstance(velocity, Velocity) else 0.0
+    stop = singular if end < singular < start else end
     guided = isinstance(velocity, Velocity) and velocity.cfg_scale != 1.0
-    switches = sorted({v for v in (velocity.lo, velocity.hi) if end < v < start}, reverse=True) if guided else []
-    ends = [start, *switches, end]
+    switches = sorted({v for v in (velocity.lo, velocity.hi) if stop < v < start}, reverse=True) if guided else []
+    ends = [start, *switches, stop]
     count = itertools.count()
     accepted = (lambda t, x, x0: on_step(next(count), t, x, x0)) if on_step is not None else None
     for t0, t1 in zip(ends[:-1], ends[1:], strict=True):
@@ -250,6 +256,11 @@ def dopri5(
         # evaluated as its inside, so each piece is smooth.
         piece = functools.partial(velocity, guided=velocity.guided_at(0.5 * (t0 + t1))) if guided else velocity
         x, size = _dopri5_piece(piece, x, t0, t1, size, rtol, atol, accepted)
+    if stop > end:
+        x_next, v = _euler_step(velocity, x, stop, end)
+        if accepted is not None:
+            accepted(end, x_next, x - stop * v)
+        x = x_next
     return x
 
 
