@@ -233,8 +233,8 @@ def breakdown(w: Workload, steps: int) -> dict[str, float]:
 
 def teacher_path_rate(w: Workload, n: int = 500) -> tuple[float, int]:
     """Teacher paths per second, and model evaluations per path: ``n`` paths in one batch, sampled with
-    the ``--few-step distill`` defaults as ``tinydit.flow.distill.teacher_paths`` samples them."""
-    d = TrainConfig  # the --few-step distill defaults
+    the ``--objective distill`` defaults as ``tinydit.flow.distill.teacher_paths`` samples them."""
+    d = TrainConfig  # the --objective distill defaults
     noise = torch.randn(n, w.cfg.in_channels, w.cfg.img_size, w.cfg.img_size, device=w.device)
     y = torch.arange(n, device=w.device) % w.cfg.n_classes
     teacher = SamplingSettings(d.teacher_sampler, d.teacher_steps, d.teacher_cfg, cfg_interval=d.teacher_cfg_interval)
@@ -526,7 +526,7 @@ def main() -> None:
         print(
             f"teacher paths for distillation: {rate:.0f} paths/s ({d.teacher_sampler}, {d.teacher_steps} steps, "
             f"guidance {d.teacher_cfg:g} for t in [{d.teacher_cfg_interval[0]:g}, {d.teacher_cfg_interval[1]:g}]: "
-            f"{nfe} evaluations each, the --few-step distill default)"
+            f"{nfe} evaluations each, the --objective distill default)"
         )
         return
 

@@ -7,7 +7,7 @@
     python experiments/meanflow_levers.py --out /tmp/mf/first15 --seed 0 --minutes 15 --flow-first-share 0.35
     tinydit eval --checkpoint /tmp/mf/paper/checkpoint.pt --n 1000 --seed 0 --out /tmp/mf/paper-eval
 
-The run is `tinydit train --data shapes --few-step meanflow --repa 0.5 --minutes M --seed S` (``--data`` and
+The run is `tinydit train --data shapes --objective meanflow --repa 0.5 --minutes M --seed S` (``--data`` and
 ``--set FIELD=VALUE`` change its TrainConfig) with, at most, these changes to its objective:
 
 - ``--tangent predicted``: the derivative in the target follows the model's own instantaneous velocity
@@ -53,25 +53,22 @@ def main() -> None:
 
     import torch
 
-    import tinydit.train.trainer as trainer_module
     from tinydit.compiling import unwrap
     from tinydit.config import TrainConfig
     from tinydit.flow.meanflow import R_NEQ_T, FoldedGuidance, meanflow_loss
-    from tinydit.train.objectives import StepLoss
+    from tinydit.flow.objectives import MeanFlow, StepLoss
     from tinydit.train.trainer import Trainer
 
     fields = {"repa": 0.5} | {k: parse_value(v) for k, v in (a.split("=", 1) for a in args.set)}
-    cfg = TrainConfig(data=args.data, minutes=args.minutes, few_step="meanflow", seed=args.seed, out=args.out, **fields)
+    cfg = TrainConfig(
+        data=args.data, minutes=args.minutes, objective="meanflow", seed=args.seed, out=args.out, **fields
+    )
 
-    if args.interval == "below":
-
-        def below(t, s, generator=None, share=R_NEQ_T):
-            """r ~ U(0, t) for a share of the images; the rest keep r = t (``s`` is drawn and not used)."""
-            interval = (torch.rand(t.shape[0], generator=generator) < share).to(t.device)  # (N,) bool
-            frac = torch.rand(t.shape[0], generator=generator).to(t.device)  # (N,)
-            return torch.where(interval, frac * t, t), t
-
-        trainer_module.draw_interval = below  # the trainer draws the batch's intervals through this name
+    def below(t, s, generator=None, share=R_NEQ_T):
+        """r ~ U(0, t) for a share of the images; the rest keep r = t (``s`` is drawn and not used)."""
+        interval = (torch.rand(t.shape[0], generator=generator) < share).to(t.device)  # (N,) bool
+        frac = torch.rand(t.shape[0], generator=generator).to(t.device)  # (N,)
+        return torch.where(interval, frac * t, t), t
 
     # The first step on intervals: given, or (by time) None until the share of the budget has passed.
     start = {"step": None if args.flow_first_share else args.flow_first_steps}
@@ -82,19 +79,27 @@ def main() -> None:
             print(f"intervals from step {step}", file=sys.stderr, flush=True)
         return start["step"] is None or step < start["step"]
 
-    def objective(forward, model, b):
-        """The trainer's mean-flow objective with the tangent chosen, and flow matching first where asked."""
-        guidance = FoldedGuidance(b.guidance, ~b.drop, b.null)
-        if flow_first(run.run.step):
-            b.r, guidance = b.t, None
-        weighted, per_sample = meanflow_loss(
-            forward, unwrap(model), b.x, b.y, b.r, b.t, b.noise, guidance, tangent=args.tangent
-        )
-        at_t = b.r == b.t  # (n,) bool
-        reported = (per_sample[at_t] if at_t.any() else per_sample).mean()
-        return StepLoss(weighted.mean(), reported, per_sample, at_t)
+    class Levers(MeanFlow):
+        """The trainer's mean-flow objective with the tangent and the intervals chosen, and flow matching
+        first where asked."""
 
-    run = Trainer(cfg, objective=objective)
+        def draw_times(self, t, draw_t, generator):
+            return (
+                below(t, draw_t(), generator) if args.interval == "below" else super().draw_times(t, draw_t, generator)
+            )
+
+        def __call__(self, forward, model, b):
+            guidance = FoldedGuidance(b.guidance, ~b.drop, b.null)
+            if flow_first(run.run.step):
+                b.r, guidance = b.t, None
+            weighted, per_sample = meanflow_loss(
+                forward, unwrap(model), b.x, b.y, b.r, b.t, b.noise, guidance, tangent=args.tangent
+            )
+            at_t = b.r == b.t  # (n,) bool
+            reported = (per_sample[at_t] if at_t.any() else per_sample).mean()
+            return StepLoss(weighted.mean(), reported, per_sample, at_t)
+
+    run = Trainer(cfg, objective=Levers())
     run.fit()
 
 

@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from tinydit.config import TrainConfig
+from tinydit.data.registry import BUILTIN_DATASETS
 from tinydit.flow.settings import recommended_sampling
 from tinydit.runtime import COMPILE_CPU_MINUTES
 from tinydit.train.resolve import resolve
@@ -24,7 +25,7 @@ from tinydit.train.resolve import resolve
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "training.md"
 MARKED = re.compile(r"(<!-- defaults -->\n)(?:.*?\n)?(<!-- /defaults -->)", re.S)
-DATA = ("shapes", "fashion-mnist", "cifar10")
+DATA = BUILTIN_DATASETS  # every built-in set has a row
 
 
 def sampler_words(settings) -> str:

@@ -1,7 +1,7 @@
 """How much of a mean-flow model's training target is its own derivative in t.
 
 The mean-flow target is u_tgt = v - (t - r) du/dt with du/dt = v . grad_z u + du/dt|_z (tinydit.flow.meanflow).
-For a checkpoint trained with ``--few-step meanflow``, on a batch of its training images at a few intervals,
+For a checkpoint trained with ``--objective meanflow``, on a batch of its training images at a few intervals,
 this prints the sizes (mean squares) of the path's velocity v, of the whole derivative, of its part along z
 only, the model's error against the target, and how far the average velocity u(z, r, t) has moved from the
 instantaneous one u(z, t, t) (0: the model has not learned intervals, and one step draws a class mean).
@@ -16,7 +16,7 @@ import argparse
 import torch
 
 from tinydit.checkpoints.checkpoint import load_model
-from tinydit.data.datasets import load_dataset
+from tinydit.data import load_dataset
 from tinydit.flow.meanflow import jvp_du_dt
 
 INTERVALS = ((0.0, 1.0), (0.4, 0.8), (0.45, 0.5))  # (r, t): one step from noise, a middle, a short one
@@ -30,7 +30,7 @@ def main() -> None:
     args = p.parse_args()
     model, state = load_model(args.checkpoint)
     if not model.config.shortcut:
-        raise SystemExit("this checkpoint's model does not take an interval: train it with --few-step meanflow")
+        raise SystemExit("this checkpoint's model does not take an interval: train it with --objective meanflow")
     ds = load_dataset(state.data.name, train=True, limit=args.n)
     x0 = torch.stack([ds[i][0] for i in range(len(ds))])  # (n, C, H, W)
     y = torch.tensor([int(ds[i][1]) for i in range(len(ds))])

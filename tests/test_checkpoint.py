@@ -35,9 +35,9 @@ def test_an_older_file_is_upgraded_where_it_is_read(tmp_path):
     assert ckpt.data.name == "shapes" and ckpt.data.channels is None and ckpt.data.prompts is None
     assert ckpt.train().repa == 0.0  # stored before the alignment existed: it trained without it
     assert ckpt.train().flip is True  # stored before `flip` existed: every data set flipped
-    assert ckpt.sampling is None and ckpt.kernels is None and ckpt.few_step == "none"
+    assert ckpt.sampling is None and ckpt.kernels is None and ckpt.objective == "flow"
     # what it would record now, from the measured records
-    assert ckpt.sampling_settings() == recommended_sampling("shapes", "dit-0.2m", "class", "none")
+    assert ckpt.sampling_settings() == recommended_sampling("shapes", "dit-0.2m", "class", "flow")
     model, _ = load_model(ckpt)
     assert type(model).__name__ == "DiT" and ckpt.missing_to_continue == [] and ckpt.optimizer_fused
 

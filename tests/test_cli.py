@@ -312,7 +312,7 @@ def test_train_help_says_each_default_and_no_experiment_history():
         (["export", "--checkpoint", "CKPT", "--format", "safetensors", "--out", "  "], "--out is '  '"),
         (["train", "--out", ""], "--out is empty: give the run directory"),
         (["train", "--data", " ", "--out", "OUT/r"], "--data is ' '"),
-        (["train", "--few-step", "distill", "--teacher", "", "--out", "OUT/r"], "--teacher is empty"),
+        (["train", "--objective", "distill", "--teacher", "", "--out", "OUT/r"], "--teacher is empty"),
         (["report", ""], "run_dir is empty: give a run directory"),
     ],
 )

@@ -147,7 +147,7 @@ def test_a_run_with_a_recorded_loss_does_not_compile(record, tmp_path):
 def test_the_kind_of_run_names_what_its_steps_cost():
     cfg = resolve(fast_config("x", minutes=5.0))
     assert speed_key(cfg, cfg.preset, "fp32", 1) == FAST_KIND
-    cfg = resolve(fast_config("x", minutes=5.0, repa=0.5, preset="dit-1.4m", mlp="swiglu", few_step="meanflow"))
+    cfg = resolve(fast_config("x", minutes=5.0, repa=0.5, preset="dit-1.4m", mlp="swiglu", objective="meanflow"))
     words = "dit dit-1.4m, shapes class, mlp swiglu, meanflow, repa, bf16, batch 16, 2 processes"
     assert speed_key(cfg, "dit-1.4m", "bf16", 2) == words
 

@@ -16,7 +16,7 @@ from tinydit.train import Trainer
 from tinydit.train.resolve import resolve
 
 TINY = dict(img_size=8, in_channels=1, patch_size=4, dim=32, depth=1, n_heads=2, n_classes=3)
-DISTILL = dict(few_step="distill", distill_paths=24, teacher_steps=8, batch_size=8)
+DISTILL = dict(objective="distill", distill_paths=24, teacher_steps=8, batch_size=8)
 
 
 @pytest.fixture(scope="module")
@@ -86,14 +86,15 @@ def test_the_student_starts_as_the_teacher_for_every_step_size():
 
 
 def test_distill_settings_are_checked_before_any_work(tmp_path, teacher):
+    # checked as the run's config is resolved, the first thing a run does (the objective owns the checks)
     with pytest.raises(TinyDiTError, match="`teacher`"):
-        TrainConfig(few_step="distill")
+        resolve(TrainConfig(objective="distill"))
     with pytest.raises(TinyDiTError, match="multiple of 8"):
-        resolve(TrainConfig(few_step="distill", teacher=str(teacher), teacher_steps=12))
-    with pytest.raises(TinyDiTError, match="only used with `few_step` distill"):
-        TrainConfig(teacher=str(teacher))
+        resolve(TrainConfig(objective="distill", teacher=str(teacher), teacher_steps=12))
+    with pytest.raises(TinyDiTError, match="only used with `objective` distill"):
+        resolve(TrainConfig(teacher=str(teacher)))
     with pytest.raises(TinyDiTError, match="copies the teacher's architecture"):
-        TrainConfig(few_step="distill", teacher=str(teacher), mlp="gelu")
+        resolve(TrainConfig(objective="distill", teacher=str(teacher), mlp="gelu"))
     with pytest.raises(TinyDiTError, match="trained on shapes"):
         Trainer(fast_config(tmp_path, data="fashion-mnist", teacher=str(teacher), **DISTILL), progress=False)
 

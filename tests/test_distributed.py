@@ -144,7 +144,7 @@ def test_two_ranks_train_a_mean_flow_model_as_one_process(tmp_path):
     """The intervals and the folded guidance are drawn for the global batch, and the JVP target of a rank's
     share is its share of the target: two ranks learn what one process learns."""
     assert FLAGS[-2:] == ["--repa", "0.5"]
-    flags = [*FLAGS[:-1], "0", "--few-step", "meanflow", "--steps", 6]  # the alignment is for `few_step` none
+    flags = [*FLAGS[:-1], "0", "--objective", "meanflow", "--steps", 6]  # the alignment is for `objective` flow
     _one_process("train", *flags, "--out", tmp_path / "one")
     _run(_torchrun(2, "train", *flags, "--out", tmp_path / "two"))
     one, two = _state(tmp_path / "one").model, _state(tmp_path / "two").model

@@ -9,7 +9,10 @@ from conftest import fast_config, sample_with
 
 from tinydit.checkpoints.checkpoint import load_checkpoint, load_model
 from tinydit.cli import main
+from tinydit.config import TrainConfig
+from tinydit.errors import TinyDiTError
 from tinydit.flow.meanflow import (
+    ADAPTIVE_C,
     TIME_SCALE,
     FoldedGuidance,
     check_jvp,
@@ -147,7 +150,7 @@ def test_a_model_without_the_interval_is_refused():
         check_jvp(DiT(DiTConfig(dim=32, depth=1, n_heads=2)), torch.device("cpu"))
 
 
-KW = dict(steps=6, batch_size=8, limit=24, few_step="meanflow")
+KW = dict(steps=6, batch_size=8, limit=24, objective="meanflow")
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +170,7 @@ def test_a_meanflow_run_resumes_exactly_and_samples_in_one_step_by_default(meanf
     for k, v in straight.run.model.state_dict().items():
         assert torch.equal(v, resumed.run.model.state_dict()[k]), k
     state = load_checkpoint(run / "checkpoint.pt")
-    assert state.few_step == "meanflow" and state.train().meanflow_cfg == 2.0
+    assert state.objective == "meanflow" and state.train().meanflow_cfg == 2.0
     assert {k: state.sampling[k] for k in ("sampler", "steps", "cfg_scale")} == dict(
         sampler="euler", steps=1, cfg_scale=1.0
     )
@@ -220,10 +223,10 @@ def test_a_one_step_model_samples_the_same_in_onnx(meanflow_run, tmp_path):
 @pytest.mark.parametrize(
     "flags, says",
     [
-        (["--few-step", "shortcut", "--repa", "0.5"], "repa"),
+        (["--objective", "shortcut", "--repa", "0.5"], "repa"),
         (["--meanflow-cfg", "2"], "--meanflow-cfg"),
-        (["--few-step", "meanflow", "--meanflow-cfg", "0.5"], "--meanflow-cfg"),
-        (["--few-step", "meanflow", "--teacher", "x.pt"], "teacher"),
+        (["--objective", "meanflow", "--meanflow-cfg", "0.5"], "--meanflow-cfg"),
+        (["--objective", "meanflow", "--teacher", "x.pt"], "teacher"),
     ],
 )
 def test_combinations_that_make_no_sense_are_one_error_line(tmp_path, capsys, flags, says):
@@ -248,3 +251,60 @@ def test_the_derivative_script_measures_a_mean_flow_checkpoint(meanflow_run):
     rows = [line for line in out.stdout.splitlines() if line.startswith("| 0") or line.startswith("| 0.4")]
     assert len(rows) == 3 and f"time_scale {TIME_SCALE:g}" in out.stdout
     assert all(float(cell) >= 0 for row in rows for cell in row.strip("| ").split(" | "))
+
+
+def test_a_checkpoint_written_with_few_step_meanflow_continues_as_a_mean_flow_run(meanflow_run, tmp_path):
+    """A run stored by a release that named the objective `few_step` (and had no `finest_step`) is read
+    through the checkpoint's upgrade and continues exactly as the mean-flow run it was."""
+    straight, _ = meanflow_run
+    out = tmp_path / "old"
+    Trainer(fast_config(out, **{**KW, "steps": 3}), progress=False).fit()
+    path = out / "checkpoint.pt"
+    state = torch.load(path, weights_only=True)
+    train = dict(state["train_config"])
+    state["train_config"] = {**{k: v for k, v in train.items() if k != "objective"}, "few_step": train["objective"]}
+    state["model_config"] = {k: v for k, v in state["model_config"].items() if k != "finest_step"}
+    torch.save(state, path)
+    assert "objective" not in torch.load(path, weights_only=True)["train_config"]
+    assert load_checkpoint(path).objective == "meanflow"
+    with pytest.raises(Exception, match="objective: 'meanflow' -> 'flow'"):
+        Trainer(fast_config(out, **{**KW, "objective": "flow", "meanflow_cfg": None}), progress=False)
+    resumed = Trainer(fast_config(out, **KW), progress=False)
+    resumed.fit()
+    for k, v in straight.run.model.state_dict().items():
+        assert torch.equal(v, resumed.run.model.state_dict()[k]), k
+    assert load_checkpoint(path).train_config["objective"] == "meanflow"  # written back under its name
+    with pytest.raises(TinyDiTError, match="few_step is `objective`"):  # never dropped unread
+        TrainConfig.from_dict(state["train_config"])
+
+
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (["--few-step", "meanflow", "--meanflow-cfg", "0.5"], "--meanflow-cfg"),
+        (["--few-step", "none", "--meanflow-cfg", "2"], "--meanflow-cfg is only used with --objective meanflow"),
+    ],
+)
+def test_the_old_flag_still_works_and_says_once_what_to_use(tmp_path, capsys, flags, says):
+    code = main(["train", "--data", "shapes", "--preset", "dit-0.2m", "--steps", "2", "--out", str(tmp_path), *flags])
+    err = capsys.readouterr().err
+    objective = "meanflow" if "meanflow" in flags else "flow"
+    assert err.count("--few-step") == 1 and f"--few-step is deprecated: use --objective {objective}" in err
+    assert code == 2 and says in err
+
+
+def test_the_adaptive_weight_is_the_paper_codes_summed_form_with_c_times_the_pixels():
+    """The loss's error is a per-pixel mean: its weight 1 / (error + c) gives the same loss as the official
+    code's summed error with c C H W (p = 1), not with c itself: told apart at errors of the size of c."""
+
+    class Off(torch.nn.Module):  # at r = t the target is noise - x0 = noise (x0 = 0): predict it, off by 0.03
+        def forward(self, z, t, y, d):
+            return z / t.view(-1, 1, 1, 1) + 0.03
+
+    noise, t = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(0)), torch.full((4,), 0.5)
+    weighted, error = meanflow_loss(Off(), Off(), torch.zeros_like(noise), torch.zeros(4), t, t, noise)
+    torch.testing.assert_close(error, torch.full((4,), 0.03**2))
+    pixels = 3 * 32 * 32
+    summed = error * pixels  # (N,): the squared error summed over the pixels, as the official code has it
+    torch.testing.assert_close(weighted, summed / (summed + ADAPTIVE_C * pixels))
+    assert not torch.allclose(weighted, summed / (summed + ADAPTIVE_C), rtol=0.1)

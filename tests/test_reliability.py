@@ -29,7 +29,7 @@ from PIL import Image
 import tinydit.files as files_module
 from tinydit.checkpoints.checkpoint import load_checkpoint, load_model
 from tinydit.cli import main
-from tinydit.data.datasets import load_dataset
+from tinydit.data import load_dataset
 from tinydit.errors import TinyDiTError
 from tinydit.files import RunDirLock
 
@@ -277,9 +277,9 @@ def _cases():
         (t + ["--preset", "huge", *o], "unknown preset 'huge'"),
         (t + ["--model", "mmdit", "--cond", "class", "--preset", "mmdit-0.2m", *o], "use --model dit for class"),
         (t + ["--holdout", "red triangle", *o], "add --cond text"),
-        (t + ["--teacher", "BAD/other.pt", *o], "--teacher is only used with --few-step distill"),
-        (t + ["--few-step", "distill", *o], "pass its checkpoint.pt with --teacher"),
-        (t + ["--few-step", "distill", "--teacher", "BAD/garbage.pt", *o], "not a readable TinyDiT checkpoint"),
+        (t + ["--teacher", "BAD/other.pt", *o], "--teacher is only used with --objective distill"),
+        (t + ["--objective", "distill", *o], "pass its checkpoint.pt with --teacher"),
+        (t + ["--objective", "distill", "--teacher", "BAD/garbage.pt", *o], "not a readable TinyDiT checkpoint"),
         (t + ["--precision", "fp16", "--device", "cpu", *o], "fp16 needs a CUDA device"),
         (t + ["--device", "tpu", *o], "unknown device 'tpu'"),
         (t + ["--device", "cuda:3", *o], "CUDA is not available here"),

@@ -152,7 +152,7 @@ def test_a_repa_run_continues_exactly_and_its_checkpoint_is_the_model_alone(tmp_
     "change, message",
     [
         (dict(repa=-1.0), "`repa` must be >= 0"),
-        (dict(repa=0.5, few_step="shortcut"), "`repa` works with `few_step` none"),
+        (dict(repa=0.5, objective="shortcut"), "`repa` works with `objective` flow"),
         (dict(repa=0.5, model="mmdit", preset="mmdit-0.2m"), "aligns the tokens after block 2; the model has 1"),
         (dict(repa=0.5, preset="dit-0.2m", data="cifar10"), "there is one for shapes, fashion-mnist, not for cifar10"),
     ],
@@ -175,10 +175,10 @@ def test_an_alignment_the_run_cannot_do_is_refused_before_anything_is_written(tm
         (dict(data="shapes", model="mmdit"), 0.5),  # the text-to-image MMDiT aligns
         (dict(data="shapes", model="mmdit", preset="mmdit-0.2m"), 0.0),  # one joint block: too shallow
         (dict(data="fashion-mnist", model="mmdit", cond="text"), 0.0),
-        (dict(data="shapes", few_step="shortcut"), 0.0),
-        (dict(data="shapes", few_step="meanflow"), 0.5),  # mean flows align too, and may be told not to
-        (dict(data="shapes", few_step="meanflow", repa=0.0), 0.0),
-        (dict(data="fashion-mnist", few_step="meanflow"), 0.0),
+        (dict(data="shapes", objective="shortcut"), 0.0),
+        (dict(data="shapes", objective="meanflow"), 0.5),  # mean flows align too, and may be told not to
+        (dict(data="shapes", objective="meanflow", repa=0.0), 0.0),
+        (dict(data="fashion-mnist", objective="meanflow"), 0.0),
     ],
 )
 def test_the_alignment_is_on_by_default_where_it_was_measured_and_off_elsewhere(given, expected):

@@ -8,7 +8,7 @@ from conftest import fast_config, sample_with
 
 from tinydit.checkpoints.checkpoint import load_model
 from tinydit.cli import main
-from tinydit.flow.shortcut import LEVELS, shortcut_loss
+from tinydit.flow.shortcut import FINEST_STEP, LEVELS, n_self_consistency, shortcut_loss
 from tinydit.models.dit import DiT, DiTConfig
 from tinydit.train import Trainer
 
@@ -57,12 +57,43 @@ def test_self_consistency_targets_two_half_steps_and_trains_the_double_step():
     assert torch.all(t1 >= 2 * d1) and torch.all(t1 <= 1)  # two steps of d stay on [0, 1]
     torch.testing.assert_close(t2, t1 - d1)  # the second half step starts where the first ends
     assert torch.equal(d2, d1)
-    assert torch.equal(d3[:12], torch.zeros(12)) and torch.equal(d3[12:], 2 * d1)  # the model learns 2d
+    # flow matching at the finest step, and 2d for self-consistency
+    assert torch.equal(d3[:12], torch.full((12,), FINEST_STEP)) and torch.equal(d3[12:], 2 * d1)
     assert torch.equal(t3[:12], t[:12]) and torch.equal(t3[12:], t1)
     # A constant field is exactly self-consistent: those images have zero loss; flow matching does not.
     assert torch.all(loss[12:] == 0) and torch.all(loss[:12] > 0)
     flow = (0.3 - (noise[:12] - x0[:12])).pow(2).flatten(1).mean(1)
     torch.testing.assert_close(loss[:12], flow)
+
+
+def test_the_finest_step_self_consistency_asks_for_is_one_flow_matching_trains():
+    """The base of the chain of levels: the step the finest self-consistency target is computed with is a
+    step the flow-matching part of the loss feeds the model (the official code's flow-matching index)."""
+    spy, b = Spy(), 256
+    x0, noise = torch.randn(b, 3, 32, 32), torch.randn(b, 3, 32, 32)
+    t, y = torch.rand(b), torch.zeros(b, dtype=torch.long)
+    shortcut_loss(spy, x0, y, t, noise, generator=torch.Generator().manual_seed(0))
+    (_, asked, _, _), _, (_, trained, _, _) = spy.calls
+    n_fm = b - n_self_consistency(b)
+    assert asked.min().item() == 2.0**-LEVELS == FINEST_STEP  # the finest level is drawn
+    assert asked.min().item() in set(trained[:n_fm].tolist())
+
+
+def test_a_step_below_the_finest_reaches_the_model_as_the_finest():
+    """So that 256 Euler steps, or Heun's d = 0, ask for an input the loss trained; a model written before
+    ``finest_step`` (0) is told every step as it is, as it was trained."""
+    torch.manual_seed(0)
+    model = DiT(DiTConfig(dim=32, depth=1, n_heads=2, shortcut=True, finest_step=FINEST_STEP))
+    for p in model.parameters():  # move off the zero init, where d changes nothing
+        p.data.add_(0.05 * torch.randn_like(p))
+    x, t, y = torch.randn(2, 3, 32, 32), torch.rand(2), torch.tensor([0, 1])
+    finest = model(x, t, y, torch.full((2,), FINEST_STEP))
+    for d in (None, torch.zeros(2), torch.full((2,), 1 / 256)):
+        torch.testing.assert_close(model(x, t, y, d), finest)
+    assert not torch.allclose(model(x, t, y, torch.full((2,), 1 / 64)), finest)  # a trained level stays its own
+    old = DiT(DiTConfig(dim=32, depth=1, n_heads=2, shortcut=True))
+    old.load_state_dict(model.state_dict())
+    assert old.config.finest_step == 0 and not torch.allclose(old(x, t, y, torch.zeros(2)), finest)
 
 
 def test_euler_tells_a_shortcut_model_its_step_size_and_heun_asks_for_the_velocity():
@@ -81,7 +112,7 @@ def test_euler_tells_a_shortcut_model_its_step_size_and_heun_asks_for_the_veloci
 
 
 def test_shortcut_training_resumes_exactly_and_samples_in_one_step(tmp_path, capsys):
-    kw = dict(steps=4, batch_size=8, limit=24, few_step="shortcut")
+    kw = dict(steps=4, batch_size=8, limit=24, objective="shortcut")
     straight = Trainer(fast_config(tmp_path / "a", **kw), progress=False)
     straight.fit()
     Trainer(fast_config(tmp_path / "b", **{**kw, "steps": 2}), progress=False).fit()
@@ -90,7 +121,7 @@ def test_shortcut_training_resumes_exactly_and_samples_in_one_step(tmp_path, cap
     for k, v in straight.run.model.state_dict().items():
         assert torch.equal(v, resumed.run.model.state_dict()[k]), k
     model, _ = load_model(tmp_path / "a" / "checkpoint.pt")
-    assert model.config.shortcut and model.d_embed is not None
+    assert model.config.shortcut and model.d_embed is not None and model.config.finest_step == FINEST_STEP
     code = main(
         [
             "sample",
@@ -109,13 +140,13 @@ def test_shortcut_training_resumes_exactly_and_samples_in_one_step(tmp_path, cap
         ]
     )
     assert code == 0 and "1 model evaluations per image" in capsys.readouterr().err
-    with pytest.raises(Exception, match="few_step: 'shortcut' -> 'none'"):
-        Trainer(fast_config(tmp_path / "a", **{**kw, "few_step": "none", "steps": 5}), progress=False)
+    with pytest.raises(Exception, match="objective: 'shortcut' -> 'flow'"):
+        Trainer(fast_config(tmp_path / "a", **{**kw, "objective": "flow", "steps": 5}), progress=False)
 
 
 def test_shortcut_loss_falls_in_a_short_run(tmp_path):
     trainer = Trainer(
-        fast_config(tmp_path, steps=30, batch_size=32, limit=256, few_step="shortcut", log_every=10), progress=False
+        fast_config(tmp_path, steps=30, batch_size=32, limit=256, objective="shortcut", log_every=10), progress=False
     )
     first = trainer.validation_losses(trainer.run.ema)[0]
     result = trainer.fit()

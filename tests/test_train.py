@@ -391,7 +391,7 @@ def test_the_resolved_config_names_the_data_once_and_every_later_part_reads_that
     a Dataset given from Python); a run and its evaluation never make a name canonical again."""
     from torch.utils.data import TensorDataset
 
-    import tinydit.data.names as names
+    import tinydit.data.registry as names
     from tinydit.config import TrainConfig
     from tinydit.train.resolve import resolve
 
@@ -416,8 +416,7 @@ def test_preset_defaults_by_model_data_and_conditioning():
     """None resolves through DEFAULT_DATA_PRESETS (shapes class runs: dit-1.4m), else the model's default;
     a named preset always wins, and the resolved name is what the run's config records."""
     from tinydit.config import TrainConfig
-    from tinydit.models.presets import DEFAULT_DATA_PRESETS
-    from tinydit.train.resolve import resolve
+    from tinydit.train.resolve import DEFAULT_DATA_PRESETS, resolve
 
     def preset(**kw):
         return resolve(TrainConfig(**kw)).preset
@@ -452,8 +451,8 @@ def test_learning_rate_defaults_by_data_and_is_written_down(tmp_path):
 
 def test_the_objective_the_model_builder_and_the_optimizer_are_parameters_of_the_run(tmp_path):
     """An experiment swaps a part of the run by passing it, without monkeypatching the trainer or its modules."""
+    from tinydit.flow.objectives import StepLoss, flow_matching
     from tinydit.models.registry import build_model
-    from tinydit.train.objectives import StepLoss, flow_matching
 
     seen = {}
 
@@ -481,11 +480,15 @@ def test_the_objective_the_model_builder_and_the_optimizer_are_parameters_of_the
 
 
 def test_an_objective_that_does_not_fit_the_run_is_refused_before_anything_is_written(tmp_path):
-    from tinydit.train.objectives import flow_matching, mean_flow, shortcut
+    from tinydit.flow.objectives import flow_matching, mean_flow, shortcut
 
-    for objective, few_step in ((mean_flow, "meanflow"), (shortcut, "shortcut")):
-        with pytest.raises(TinyDiTError, match=f"`objective` {objective.__name__} needs `few_step` {few_step}"):
+    for objective in (mean_flow, shortcut):
+        with pytest.raises(TinyDiTError, match=f"the run's `objective` is flow: set `objective` {objective.name}"):
             Trainer(fast_config(tmp_path / "r", steps=1), progress=False, objective=objective)
-    with pytest.raises(TinyDiTError, match="distill trains on its teacher's paths: it takes no `objective`"):
-        Trainer(fast_config(tmp_path / "r", few_step="distill", teacher="none.pt"), objective=flow_matching)
+
+    def loss(forward, model, batch):
+        return flow_matching(forward, model, batch)
+
+    with pytest.raises(TinyDiTError, match="distill trains on its teacher's paths: it takes no loss function"):
+        Trainer(fast_config(tmp_path / "r", objective="distill", teacher="none.pt"), objective=loss)
     assert not (tmp_path / "r").exists()

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tinydit.config import FEW_STEP, TrainConfig
+from tinydit.config import TrainConfig
 from tinydit.eval import plot, sweep
+from tinydit.flow.objectives import DEFAULT_OBJECTIVE, OBJECTIVES
 from tinydit.flow.settings import SAMPLING_RECORDS
 from tinydit.runtime import COMPILE_CPU_MINUTES, resolve_compile
 from tinydit.train.resolve import resolve
@@ -115,8 +116,8 @@ def section(text: str, heading: str) -> str:
 
 def test_few_step_sampling_names_every_few_step_objective():
     text = section(read("docs/sampling.md"), "## Few-step sampling")
-    missing = [name for name in FEW_STEP if name != "none" and f"`--few-step {name}`" not in text]
-    assert not missing, f"docs/sampling.md's Few-step sampling leaves out --few-step {', '.join(missing)}"
+    missing = [name for name in OBJECTIVES if name != DEFAULT_OBJECTIVE and f"`--objective {name}`" not in text]
+    assert not missing, f"docs/sampling.md's Few-step sampling leaves out --objective {', '.join(missing)}"
 
 
 def test_the_sweep_plot_is_said_to_be_drawn_with_the_library_that_draws_it():
@@ -131,14 +132,14 @@ def test_the_sweep_plot_is_said_to_be_drawn_with_the_library_that_draws_it():
 
 
 def test_mean_flow_runs_on_shapes_align_by_default_as_the_pages_say():
-    def repa(few_step: str) -> float:
-        return resolve(TrainConfig(data="shapes", few_step=few_step, minutes=15)).repa
+    def repa(objective: str) -> float:
+        return resolve(TrainConfig(data="shapes", objective=objective, minutes=15)).repa
 
-    assert repa("meanflow") == repa("none") > 0 and repa("shortcut") == 0
+    assert repa("meanflow") == repa("flow") > 0 and repa("shortcut") == 0
     few_step = " ".join(read("docs/few_step.md").split())
     training = " ".join(read("docs/training.md").split())
     assert "REPA alignment as plain runs do: on by default on shapes" in few_step
-    assert "a `--few-step meanflow` run aligns as a plain one does, a shortcut or distilled one does not" in training
+    assert "a `--objective meanflow` run aligns as a plain one does, a shortcut or distilled one does not" in training
     assert not re.search(r"\|\s*0 \(the default\)", few_step), "docs/few_step.md labels --repa 0 the default"
 
 

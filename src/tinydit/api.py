@@ -30,7 +30,6 @@ from tinydit import distributed
 from tinydit.checkpoints import checkpoint as checkpoints
 from tinydit.checkpoints.pretrained import CONFIG, WEIGHTS, is_hub_id, reference_folder, rewrite_sampling
 from tinydit.config import TrainConfig, check_seed
-from tinydit.data.datasets import open_dataset
 from tinydit.data.samples import check_output, load_samples, write_samples
 from tinydit.data.text import tokenizer_of
 from tinydit.errors import TinyDiTError
@@ -54,6 +53,7 @@ from tinydit.runtime import autocast, maybe_compile, resolve_compile, resolve_de
 from tinydit.schema import check_text
 from tinydit.train import Trainer, TrainResult
 from tinydit.train.resolve import CHOICES as TRAIN_CHOICES
+from tinydit.train.resolve import DEFAULT_DATA_PRESETS
 from tinydit.train.resolve import RESOLVED_DEFAULTS as TRAIN_DEFAULTS
 
 __all__ = [
@@ -195,7 +195,7 @@ def sample(
     model, state = checkpoints.load_model(checkpoint, ema=ema, map_location=device)
     settings = state.sampling_settings().with_flags(sampler=sampler, steps=steps, cfg_scale=cfg_scale, **options)
     out = check_output(out) if out is not None and world.main else None  # created once the checkpoint has loaded
-    warn_if_untrained_settings(state.few_step == "distill", settings)
+    warn_if_untrained_settings(state.objective == "distill", settings)
     forward = maybe_compile(model, resolve_compile(compile, device))
     known = (state.data.classes, tokenizer_of(state), state.data.prompts)
     y, labels, names, nrow = sample_conditions(str(checkpoint), *known, n, classes, prompts, unconditional, nrow)
@@ -294,8 +294,10 @@ def evaluate(
         if not data:
             raise TinyDiTError("`samples` needs `data` (fashion-mnist, shapes, cifar10 or a folder) for the reference")
         spec = eval_spec(data)  # the reference's name made canonical, once
-        classes = open_dataset(spec.data, train=False, root=data_root, limit=1).classes
+        classes = list(spec.classes)
         images, labels = load_samples(samples, classes)
+        if spec.img_size is not None:  # an image folder is compared at the samples' own size
+            spec = eval_spec(spec.data, img_size=int(max(images.shape[-2:])))
     images = to_eval_images(images, spec)  # once: uint8 at the evaluation size, for the metrics and the report
     nets = dict(inception=inception, inception_weights=inception_weights)
     metrics = evaluate_images(images, labels, spec, split=split, root=data_root, cache_dir=cache_dir, **nets)
@@ -420,8 +422,17 @@ def from_pretrained(path: str | Path, ema: bool = True, device: str | torch.devi
 
 
 def presets() -> list[dict]:
-    """Every model preset with its size (``tinydit.models.registry.preset_rows``)."""
-    return preset_rows()
+    """Every model preset with its size (``tinydit.models.registry.preset_rows``); ``default_on``: the data
+    sets whose runs of that model default to it (their records, ``tinydit.data.registry``)."""
+    return [
+        {
+            **row,
+            "default_on": sorted(
+                d for (m, d, _), p in DEFAULT_DATA_PRESETS.items() if (m, p) == (row["model"], row["preset"])
+            ),
+        }
+        for row in preset_rows()
+    ]
 
 
 def report(run_dir: str | Path) -> Path:

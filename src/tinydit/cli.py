@@ -277,8 +277,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _renamed(argv: list[str]) -> list[str]:
+    """``tinydit train --few-step X``, the name --objective had before (none: flow), kept for a release as
+    --objective, said in one line."""
+    if not argv or argv[0] != "train":
+        return argv
+    out = []
+    for i, a in enumerate(argv):
+        if a == "--few-step" and i + 1 < len(argv):
+            continue
+        if a.startswith("--few-step=") or (i and argv[i - 1] == "--few-step"):
+            value = a.removeprefix("--few-step=")
+            value = "flow" if value == "none" else value
+            print(f"tinydit train: --few-step is deprecated: use --objective {value}", file=sys.stderr)
+            out += ["--objective", value]
+        else:
+            out.append(a)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    argv = _renamed(sys.argv[1:] if argv is None else [str(a) for a in argv])
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = argv  # recorded in reports as the exact command

@@ -4,7 +4,7 @@
 
 A leaf of the package (it imports only ``errors``, ``runtime`` and ``tokens``): the names a field may take
 belong to their owners (the presets to ``tinydit.models.presets``, the samplers to
-``tinydit.flow.samplers``, the data sets to ``tinydit.data.names``), and a run's ``None`` defaults are
+``tinydit.flow.samplers``, the data sets to ``tinydit.data.registry``), and a run's ``None`` defaults are
 filled once, from those owners and the data set, by ``tinydit.train.resolve.resolve``, which returns a new
 config: this one is never rewritten. The resolved config (and the model's ``DiTConfig``) is written to
 ``RUN_DIR/config.json`` and into every checkpoint. The ``tinydit train`` flags are made from its fields and
@@ -27,14 +27,12 @@ __all__ = [
     "TrainConfig",
     "CHOICES",
     "TRAJECTORY_FIELDS",
-    "FEW_STEP",
     "PRECISION_CHOICES",
     "MAX_COOLDOWN_FRAC",
     "check_seed",
 ]
 
 PRECISION_CHOICES = ("auto", *PRECISIONS)  # auto: the fastest measured on the device (tinydit.runtime)
-FEW_STEP = ("none", "shortcut", "meanflow", "distill")  # see TrainConfig.few_step
 EVAL_BUDGETS = ("outside", "inside")  # see TrainConfig.eval_budget
 MAX_COOLDOWN_FRAC = 0.8
 
@@ -69,12 +67,13 @@ TRAJECTORY_FIELDS = (
     "mlp",
     "pos",
     "pred",
-    "few_step",
+    "objective",
     "meanflow_cfg",
     "model",
     "cond",
     "holdout",
     "flip",
+    "img_size",
     "teacher",
     "teacher_sampler",
     "teacher_steps",
@@ -84,10 +83,9 @@ TRAJECTORY_FIELDS = (
 )
 
 
-# The values of the fields whose closed sets the config owns; the others (model, cond, t_sampling,
+# The values of the fields whose closed sets the config owns; the others (model, cond, t_sampling, objective,
 # teacher_sampler and the architecture switches) are their owners' names, checked by the resolve step.
 CHOICES: dict[str, tuple[str, ...]] = {
-    "few_step": FEW_STEP,
     "precision": PRECISION_CHOICES,
     "compile": COMPILE,
     "eval_budget": EVAL_BUDGETS,
@@ -113,6 +111,9 @@ class TrainConfig:
     # mirror training images left-right at random; None: as the data set does, off for Fashion-MNIST (its
     # shoes all face one way) and on for shapes, CIFAR-10, image folders and Dataset objects
     flip: bool | None = None
+    # an image folder's side in pixels, a multiple of the model's patch size (48, 64); None: 32 for a folder,
+    # and a built-in data set's own size, the only one it takes
+    img_size: int | None = None
 
     # -- model: the network and its architecture switches --
 
@@ -134,9 +135,10 @@ class TrainConfig:
     # the weight of REPA's representation alignment: the tokens after the second block are pulled towards a
     # shipped encoder's features of the clean image (shapes, fashion-mnist); 0: off
     repa: float | None = None
-    # none | shortcut: also learn to take large steps | meanflow: learn the average velocity over intervals,
-    # to sample in one step | distill: a few-step student learns the paths of a trained model, `teacher`
-    few_step: str = "none"
+    # what the network learns (tinydit.flow.objectives): flow (flow matching) | shortcut: also learn to take
+    # large steps | meanflow: learn the average velocity over intervals, to sample in one step | distill: a
+    # few-step student learns the paths of a trained model, `teacher`
+    objective: str = "flow"
     # meanflow: the guidance scale folded into the training target, so that one evaluation samples guided
     # (1: unguided)
     meanflow_cfg: float | None = None
@@ -236,42 +238,32 @@ class TrainConfig:
     def _check_data(self) -> None:
         check_text(self.data, "data", "a data set (shapes, fashion-mnist, cifar10) or a folder of images")
         check_text(self.data_root, "data_root", "the folder where data sets are kept")
-        self._check_at_least_one(limit=self.limit)
+        self._check_at_least_one(limit=self.limit, img_size=self.img_size)
         if self.classes is not None and not [c for c in self.classes.split(",") if c.strip()]:
             raise TinyDiTError(f"`classes` {self.classes!r} names no class: give names or ids, comma-separated")
 
     def _check_objective(self) -> None:
-        """The times, guidance dropout, alignment and few-step objective (the model's names: resolve)."""
+        """The times, guidance dropout, alignment and the objectives' own fields (the names, and the fields
+        against the objective: resolve)."""
         if self.t_shift is not None and self.t_shift <= 0:
             raise TinyDiTError(f"`t_shift` must be > 0, got {self.t_shift}")
         if not 0 <= self.class_dropout < 1:
             raise TinyDiTError(f"`class_dropout` must be in [0, 1), got {self.class_dropout}")
         if self.repa is not None and self.repa < 0:
             raise TinyDiTError(f"`repa` must be >= 0 (0: off), got {self.repa}")
-        self._check_choices("few_step")
-        if self.meanflow_cfg is not None and (self.few_step != "meanflow" or self.meanflow_cfg < 1):
+        if self.meanflow_cfg is not None and self.meanflow_cfg < 1:
             raise TinyDiTError(
-                f"`meanflow_cfg` is the guidance folded into a `few_step` meanflow run's target, >= 1 "
-                f"(1: none); got {self.meanflow_cfg} with `few_step` {self.few_step}"
+                f"`meanflow_cfg` is the guidance folded into a mean-flow run's target, >= 1 (1: none); "
+                f"got {self.meanflow_cfg}"
             )
         self._check_distill()
 
     def _check_distill(self) -> None:
-        """A student's teacher (its sampler and conditioning are checked with the resolved run: resolve)."""
+        """A student's teacher, as given (whether the objective takes one is the objective's check: resolve)."""
         self.teacher_cfg_interval = tuple(float(v) for v in self.teacher_cfg_interval)  # a JSON list in config.json
-        if self.few_step != "distill":
-            if self.teacher is not None:
-                raise TinyDiTError("`teacher` is only used with `few_step` distill; add it or drop `teacher`")
-            return
-        if self.teacher is None:
-            raise TinyDiTError("`few_step` distill learns from a trained model: pass its checkpoint.pt with `teacher`")
-        check_text(self.teacher, "teacher", "the teacher's checkpoint.pt")
+        if self.teacher is not None:
+            check_text(self.teacher, "teacher", "the teacher's checkpoint.pt")
         self._check_at_least_one(distill_paths=self.distill_paths)
-        if self.arch_overrides():
-            raise TinyDiTError(
-                f"the student copies the teacher's architecture; drop "
-                f"{', '.join('`' + k + '`' for k in self.arch_overrides())}"
-            )
 
     def _check_schedule(self) -> None:
         check_seed(self.seed)
@@ -349,5 +341,9 @@ class TrainConfig:
     def from_dict(cls, d: dict, key: str = "train_config") -> TrainConfig:
         """A stored (resolved) config, such as a checkpoint's (``tinydit.checkpoints.checkpoint.Checkpoint.train``,
         which upgrades what older releases stored), its types and values checked, errors naming ``key`` and
-        the field; a field this release no longer has is left out."""
+        the field; a field this release no longer has is left out, but a renamed one is refused rather than lost."""
+        if "few_step" in d:
+            raise TinyDiTError(
+                f"{key}.few_step is `objective` as older releases named it: read it with Checkpoint.load"
+            )
         return build(cls, d, key, unknown="drop")

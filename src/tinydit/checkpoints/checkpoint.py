@@ -56,7 +56,7 @@ TRAINING_STATE = ("model", "ema", "optimizer", "train_seconds", "rng")
 
 @dataclass(frozen=True)
 class DataRecord:
-    """What a checkpoint records of its data: the canonical name (``tinydit.data.names``), the class
+    """What a checkpoint records of its data: the canonical name (``tinydit.data.registry``), the class
     names in label order, the image shape and, for a text run, its sample grids' prompts."""
 
     name: str
@@ -88,7 +88,7 @@ class DataRecord:
 @dataclass(frozen=True, eq=False)
 class Checkpoint:
     """A run as its checkpoint holds it. ``config`` is the model's typed config; ``train_config`` the run's
-    resolved ``TrainConfig`` as stored (read it through ``train``, ``preset``, ``few_step``, ``holdout``);
+    resolved ``TrainConfig`` as stored (read it through ``train``, ``preset``, ``objective``, ``holdout``);
     the state dicts are as PyTorch wrote them. ``source`` names the file or folder it was read from."""
 
     model_type: str
@@ -163,7 +163,9 @@ class Checkpoint:
         releases wrote, and the one that checks what any release wrote. Before MMDiT existed no
         ``model_type`` was written (every model was a DiT); a run stored before the alignment (``repa``)
         existed trained without it, and one stored before ``flip`` existed trained with random flips,
-        Fashion-MNIST included; before the image shape was recorded ``data`` held the name and classes
+        Fashion-MNIST included; the objective was `few_step`, its flow matching "none", before it was
+        `objective`; a shortcut model written before ``finest_step`` (``DiTConfig``) trained flow matching at
+        d = 0, and is told every d as given; before the image shape was recorded ``data`` held the name and classes
         only, and before the sampler settings were, ``sampling`` is None
         (``Checkpoint.sampling_settings`` gives what the run would record now, and
         checks a recorded one).
@@ -212,6 +214,10 @@ class Checkpoint:
             fields["train_config"] = {**fields["train_config"], "repa": 0.0}
         if fields["train_config"] and "flip" not in fields["train_config"]:  # every set flipped before `flip`
             fields["train_config"] = {**fields["train_config"], "flip": True}
+        if fields["train_config"] and "few_step" in fields["train_config"]:  # `objective` before it had its name
+            train = dict(fields["train_config"])
+            old = train.pop("few_step")
+            fields["train_config"] = {**train, "objective": "flow" if old in (None, "none") else old}
         TrainConfig.from_dict(fields["train_config"])  # checked here, once; kept as the dict it was stored as
         _check_agree(config, fields["data"], fields.get("tokenizer"))
         return cls(model_type=kind, config=config, extra=state, source=source, **fields)
@@ -226,7 +232,7 @@ class Checkpoint:
             with reading(self.records_file, "fix it, or record settings again with `tinydit sweep --apply`"):
                 with as_key("sampling"):
                     return SamplingSettings.from_json(self.sampling)
-        return recommended_sampling(self.data.name, self.preset or "", self.config.cond, self.few_step)
+        return recommended_sampling(self.data.name, self.preset or "", self.config.cond, self.objective)
 
     @property
     def preset(self) -> str | None:
@@ -234,9 +240,9 @@ class Checkpoint:
         return self.train_config.get("preset")
 
     @property
-    def few_step(self) -> str:
-        """The run's objective beyond flow matching: none, shortcut, meanflow or distill."""
-        return self.train_config.get("few_step") or "none"
+    def objective(self) -> str:
+        """The run's objective (``tinydit.flow.objectives``): flow, shortcut, meanflow or distill."""
+        return self.train_config.get("objective") or "flow"
 
     @property
     def holdout(self) -> str | None:

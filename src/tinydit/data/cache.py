@@ -102,6 +102,10 @@ class CachedDataset(Dataset):
             x = random_flip(x, flip=flips)
         return x, self.labels[indices].to(device, non_blocking=True)
 
+    def first(self, n: int | None) -> CachedDataset:
+        """The first ``n`` images (None, or more than there are: all of them)."""
+        return self if n is None or n >= len(self) else self.subset(torch.arange(n))
+
     def subset(self, indices: torch.Tensor | list[int], flip: bool | None = None) -> CachedDataset:
         idx = torch.as_tensor(indices, dtype=torch.int64)
         out = CachedDataset(self.images[idx], self.labels[idx], self.classes, self.flip if flip is None else flip)

@@ -1,11 +1,11 @@
-"""Datasets and DataLoaders (series post 4).
+"""Datasets and DataLoaders (series post 4): the loaders behind ``tinydit.data.registry``.
 
 Every dataset yields ``(image, label)`` and every loader yields ``(images, labels)``:
 
     images: float32 (N, C, H, W), values in [-1, 1]
     labels: int64 (N,)
 
-Built-in data (``load_dataset``):
+Built-in data (``tinydit.data.registry.load_dataset``):
 
 * ``shapes``: rendered 32x32 RGB shapes (``tinydit.data.shapes``), no download, the default.
 * ``fashion-mnist``: 28x28 grayscale. The model sees it as it is, one channel at 28x28: with
@@ -14,10 +14,12 @@ Built-in data (``load_dataset``):
   Debian's ``/usr/share/datasets/fashion-mnist/`` (package ``dataset-fashion-mnist``), then downloaded
   by torchvision.
 * ``cifar10``: 32x32 RGB, downloaded by torchvision.
-* any folder of images (``ImageFolderDataset``), resized and centre-cropped to 32x32 RGB.
+* any folder of images (``ImageFolderDataset``), resized and centre-cropped to 32x32 RGB, or to the
+  side asked (``img_size``).
 
-For training, each set is decoded once into a ``CachedDataset``: one uint8 tensor in memory, flipped
-on the fly where the data set mirrors (``tinydit.data.names.mirrors``: every set but Fashion-MNIST).
+The sets are named, and opened by name, in ``tinydit.data.registry``, one record each. For training, each
+set is decoded once into a ``CachedDataset``: one uint8 tensor in memory, flipped on the fly where the data
+set mirrors (``DatasetRecord.mirrors``: every set but Fashion-MNIST).
 On a CPU this removes decoding, PIL and worker processes from the training loop.
 
 Every set from ``load_dataset`` also has one caption per image (``CachedDataset.captions``), for text
@@ -32,7 +34,6 @@ from __future__ import annotations
 import functools
 import gzip
 import hashlib
-import os
 import struct
 import warnings
 from pathlib import Path
@@ -43,9 +44,6 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from tinydit.data.cache import CachedDataset
-from tinydit.data.names import BUILTIN_DATASETS, canonical_name, known_name, mirrors
-from tinydit.data.shapes import ShapesDataset
-from tinydit.data.text import class_captions
 from tinydit.errors import TinyDiTError
 from tinydit.images import to_rgb
 
@@ -62,10 +60,7 @@ __all__ = [
     "CachedDataset",
     "decode_folder",
     "CachedCIFAR10",
-    "load_dataset",
-    "open_dataset",
-    "canonical_name",
-    "BUILTIN_DATASETS",
+    "folder_signature",
     "folder_caption",
 ]
 
@@ -270,7 +265,7 @@ def get_fashion_mnist(root: str | Path = "data", train: bool = True, download: b
         if img_path and lbl_path:
             images = torch.from_numpy(_read_idx(img_path).copy()).unsqueeze(1)  # (N, 28, 28) -> (N, 1, 28, 28)
             labels = torch.from_numpy(_read_idx(lbl_path).astype(np.int64))
-            return CachedDataset(images, labels, FASHION_MNIST_CLASSES, flip=train and mirrors("fashion-mnist"))
+            return CachedDataset(images, labels, FASHION_MNIST_CLASSES, flip=False)
     if download:
         from torchvision import datasets
 
@@ -283,14 +278,14 @@ def get_fashion_mnist(root: str | Path = "data", train: bool = True, download: b
                 f"*-ubyte.gz files into {root}/, or run once with internet access"
             ) from err
         images, labels = raw.data.unsqueeze(1).clone(), raw.targets.clone()  # (N, 1, 28, 28), (N,)
-        return CachedDataset(images, labels, FASHION_MNIST_CLASSES, flip=train and mirrors("fashion-mnist"))
+        return CachedDataset(images, labels, FASHION_MNIST_CLASSES, flip=False)
     raise TinyDiTError(
         f"Fashion-MNIST is not in {root} or {DEBIAN_FASHION_MNIST} and download is off. "
         "Fix: `apt-get install dataset-fashion-mnist`, or copy the *-ubyte.gz files into the data root"
     )
 
 
-# ---------------------------------------------------------------------------------------- one entry point
+# ---------------------------------------------------------------------------------------- image folders
 
 
 def _held_out(relative: Path) -> bool:
@@ -312,9 +307,10 @@ def folder_signature(root: Path) -> tuple:
 
 
 @functools.lru_cache(maxsize=4)
-def decode_folder(root: Path, signature: tuple) -> tuple[CachedDataset, torch.Tensor]:
-    """Decode an image folder once (train and validation splits share it): all images, held-out mask."""
-    folder = ImageFolderDataset(root, img_size=32, train=False)  # warns once per unreadable file
+def decode_folder(root: Path, signature: tuple, img_size: int = 32) -> tuple[CachedDataset, torch.Tensor]:
+    """Decode an image folder once at ``img_size`` pixels a side (train and validation splits share it): all
+    images, held-out mask."""
+    folder = ImageFolderDataset(root, img_size=img_size, train=False)  # warns once per unreadable file
     held = torch.tensor([_held_out(p.relative_to(root)) for p in folder.paths])  # (N,) bool
     ds = CachedDataset.from_dataset(folder, folder.classes)
     ds.captions = [folder_caption(p, root) for p in folder.paths]
@@ -329,74 +325,3 @@ def folder_caption(path: Path, root: Path) -> str:
         if text:
             return text
     return (path.parent if path.parent != root else root).name
-
-
-def load_dataset(
-    name: str,
-    train: bool = True,
-    root: str | Path = "data",
-    download: bool = True,
-    limit: int | None = None,
-    shapes_size: int | None = None,
-    flip: bool | None = None,
-) -> CachedDataset:
-    """A built-in data set by name (``shapes``, ``fashion-mnist``, ``cifar10``) or a folder of images,
-    decoded once into memory. A training split flips at random where ``flip`` says (None: where the data
-    set mirrors, ``tinydit.data.names.mirrors``: not Fashion-MNIST); held-out splits never do. Setting the
-    environment variable ``TINYDIT_OFFLINE=1`` turns every download off.
-
-    An image folder has no test split: about 5% of its files (chosen by a hash of the path, so the
-    choice is stable as files are added) are held out, and if that leaves none the whole folder is
-    used for both.
-    """
-    return open_dataset(known_name(name), train, root, download, limit, shapes_size, flip, stacklevel=3)
-
-
-def open_dataset(
-    key: str,
-    train: bool = True,
-    root: str | Path = "data",
-    download: bool = True,
-    limit: int | None = None,
-    shapes_size: int | None = None,
-    flip: bool | None = None,
-    *,
-    stacklevel: int = 2,
-) -> CachedDataset:
-    """``load_dataset`` for a name already made canonical (``canonical_name``: a built-in name, or an image
-    folder's absolute path), as a resolved run holds it."""
-    download = download and os.environ.get("TINYDIT_OFFLINE", "") in ("", "0")
-    flip = train and (mirrors(key) if flip is None else flip)
-    if key == "shapes":
-        n = shapes_size if shapes_size is not None else (20000 if train else 2000)
-        raw = ShapesDataset(n=n if limit is None else min(n, limit), train=train)  # image i does not depend on n
-        ds = CachedDataset(raw.images, raw.labels, raw.classes, flip=flip)
-        ds.captions = list(raw.captions)
-    elif key == "fashion-mnist":
-        ds = get_fashion_mnist(root, train=train, download=download)
-        ds.flip = flip
-        ds.captions = class_captions(ds.labels.tolist(), ds.classes)
-    elif key == "cifar10":
-        ds = CachedCIFAR10(root, train=train, download=download)
-        ds.flip = flip
-        ds.captions = class_captions(ds.labels.tolist(), ds.classes)
-    elif Path(key).exists():
-        root = Path(key)
-        everything, held = decode_folder(root, folder_signature(root))
-        keep = torch.nonzero(held != train).flatten()
-        if len(keep) == 0:
-            if not train:
-                warnings.warn(
-                    f"{root} is too small to hold images out ({len(everything)} images): "
-                    "the validation loss is measured on training images",
-                    stacklevel=stacklevel,
-                )
-            keep = torch.arange(len(everything))
-        ds = everything.subset(keep, flip=flip)
-    else:
-        raise TinyDiTError(
-            f"unknown data set {key!r}: use one of {', '.join(BUILTIN_DATASETS)} or the path of an image folder"
-        )
-    if limit is not None:
-        ds = ds.subset(torch.arange(min(limit, len(ds))))
-    return ds

@@ -67,7 +67,7 @@ _WEIGHTS = np.array([0.5, 1.0, 1.0])
 
 
 # The rows of a shapes text run's sample grids: each shape and most colours, and the two combinations
-# held out by default (tinydit.train.resolve.SHAPES_HOLDOUT) in the last rows.
+# held out by default (tinydit.data.registry.SHAPES_HOLDOUT) in the last rows.
 GRID_PROMPTS = (
     "a red circle on a blue background",
     "a green square on a magenta background",

@@ -13,8 +13,9 @@ from __future__ import annotations
 import torch
 
 from tinydit.checkpoints.checkpoint import load_model
+from tinydit.data.registry import record_of
 from tinydit.errors import TinyDiTError
-from tinydit.eval.features import FEATURE_NETS, extract, load_feature_net
+from tinydit.eval.features import extract, load_feature_net
 from tinydit.eval.sampling import EvalTarget, sample_for_eval
 from tinydit.eval.shape_fit import strict_scores
 from tinydit.images import to_uint8
@@ -24,14 +25,15 @@ __all__ = ["check_scores", "check_model"]
 
 def check_scores(images_uint8: torch.Tensor, labels: torch.Tensor, data: str) -> dict[str, float]:
     """Scores of class-conditional samples (N, 3, H, W) uint8 with their labels (N,) of data set ``data``."""
-    if data == "shapes":
+    record = record_of(data)
+    if record.judged:
         scores = strict_scores(images_uint8, labels)
         return {"shape_strict": scores["strict"], "shape_colours": scores["colours"]}
-    if data not in FEATURE_NETS:
+    if record.feature_net is None:
         raise TinyDiTError(f"{data} has no offline feature network to check samples with")
-    net, _ = load_feature_net(FEATURE_NETS[data])
+    net, _ = load_feature_net(record.feature_net)
     _, predictions = extract(net, images_uint8)
-    return {f"class_consistency_{FEATURE_NETS[data]}": (predictions == labels.cpu()).double().mean().item()}
+    return {f"class_consistency_{record.feature_net}": (predictions == labels.cpu()).double().mean().item()}
 
 
 def check_model(checkpoint, n: int, seed: int = 0, steps: int | None = None) -> dict[str, float]:
@@ -43,6 +45,6 @@ def check_model(checkpoint, n: int, seed: int = 0, steps: int | None = None) -> 
     x, labels, info = sample_for_eval(model, target, n, state.sampling_settings().with_flags(steps=steps), seed)
     if target.tokenizer is None:
         return check_scores(to_uint8(x), labels, target.data)
-    if target.data != "shapes":
+    if not record_of(target.data).judged:
         raise TinyDiTError("a text model can be checked on shapes only: its prompts are read back from the pixels")
     return {"adherence_all_seen": info["adherence_all_seen"], "shape_strict": info["shape_strict"]}

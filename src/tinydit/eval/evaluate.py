@@ -21,7 +21,6 @@ split, feature network and the SHA-256 of its weights.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,11 +28,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tinydit.data.datasets import decode_folder, folder_signature, open_dataset
-from tinydit.data.names import known_name
-from tinydit.data.shapes import RENDER_VERSION
+from tinydit.data.datasets import decode_folder, folder_signature
+from tinydit.data.registry import DATASETS, folder_record, known_name, open_dataset
 from tinydit.errors import TinyDiTError
-from tinydit.eval.features import FEATURE_NETS, extract, load_feature_net
+from tinydit.eval.features import extract, load_feature_net
 from tinydit.eval.inception import InceptionFeatures
 from tinydit.eval.metrics import MIN_SAMPLES, feature_stats, frechet_distance, kid, precision_recall
 from tinydit.files import torch_save
@@ -58,34 +56,44 @@ DEFAULT_CACHE = cache_root()  # beside the compile cache and the machine record:
 
 @dataclass(frozen=True)
 class EvalSpec:
-    data: str  # the data set's canonical name (tinydit.data.names), or an image folder's absolute path
+    data: str  # the data set's canonical name (tinydit.data.registry), or an image folder's absolute path
     key: str  # identifies the reference images in cache keys
     channels: int
     size: int  # evaluation size S: images are compared as (C, S, S)
     accepted: tuple[tuple[int, int], ...]  # (C, side) pairs accepted as input; anything else is an error
     feature_net: str | None  # the offline feature network, if the data set has one
     reference_size: int | None = None  # reference images to use (None: the whole split)
+    classes: tuple[str, ...] = ()  # the data set's class names, in label order
+    img_size: int | None = None  # an image folder's side as trained (its reference is decoded at it)
 
 
-def eval_spec(data: str | EvalSpec) -> EvalSpec:
+def eval_spec(data: str | EvalSpec, img_size: int | None = None) -> EvalSpec:
     """How samples of ``data`` (a built-in name or an image folder, in any spelling) are evaluated; the
-    name is made canonical here, once, and every function below takes the spec in its place."""
-    return data if isinstance(data, EvalSpec) else spec_for(known_name(data, "reference"))
+    name is made canonical here, once, and every function below takes the spec in its place. ``img_size``:
+    an image folder's side (None: the size folders train at by default)."""
+    return data if isinstance(data, EvalSpec) else spec_for(known_name(data, "reference"), img_size)
 
 
-def spec_for(name: str) -> EvalSpec:
-    """``eval_spec`` of a canonical name (``canonical_name``), as a checkpoint and a resolved run hold it."""
-    if name == "fashion-mnist":  # native 28x28 (what TinyDiT trains on), or 32x32 padded copies
-        return EvalSpec(name, "fashion-mnist", 1, 28, ((1, 28), (1, 32)), FEATURE_NETS[name])
-    if name == "shapes":
-        return EvalSpec(name, f"shapes-r{RENDER_VERSION}-n10000", 3, 32, ((3, 32),), FEATURE_NETS[name], 10000)
-    if name == "cifar10":
-        return EvalSpec(name, "cifar10", 3, 32, ((3, 32),), None)
-    folder = Path(name)
-    if not folder.is_dir():
-        raise TinyDiTError(f"unknown reference {name!r}: use fashion-mnist, shapes, cifar10 or an image folder")
-    digest = hashlib.sha1(repr((name, folder_signature(folder))).encode()).hexdigest()[:12]
-    return EvalSpec(name, f"folder-{digest}", 3, 32, ((3, 32),), None)
+def spec_for(name: str, img_size: int | None = None) -> EvalSpec:
+    """``eval_spec`` of a canonical name (``canonical_name``), as a checkpoint and a resolved run hold it: what
+    its data set's record says (an image folder's is built from the folder, at ``img_size``)."""
+    record = DATASETS.get(name)
+    if record is None:
+        if not Path(name).is_dir():
+            raise TinyDiTError(f"unknown reference {name!r}: use {', '.join(DATASETS)} or an image folder")
+        record = folder_record(name, img_size)
+    accepted = record.accepted
+    return EvalSpec(
+        name,
+        record.eval_key or name,
+        record.channels,
+        accepted[0][1],
+        accepted,
+        record.feature_net,
+        record.reference_size,
+        record.classes,
+        None if name in DATASETS else record.img_size,
+    )
 
 
 def to_eval_images(images: np.ndarray | torch.Tensor, data: str | EvalSpec) -> torch.Tensor:
@@ -127,9 +135,9 @@ def reference_images(data: str | EvalSpec, split: str, root: str | Path = "data"
     if split not in ("train", "test"):
         raise TinyDiTError(f"unknown split {split!r}: use train or test")
     spec = eval_spec(data)
-    if spec.key.startswith("folder-"):  # a folder is its own reference, all of it, whatever the split
+    if spec.img_size is not None:  # a folder is its own reference, all of it, whatever the split
         root_dir = Path(spec.data)
-        ds, _ = decode_folder(root_dir, folder_signature(root_dir))
+        ds, _ = decode_folder(root_dir, folder_signature(root_dir), spec.img_size)
     else:
         ds = open_dataset(spec.data, train=split == "train", root=root, shapes_size=spec.reference_size)
     return to_eval_images(ds.images, spec), ds.labels
@@ -191,7 +199,7 @@ def evaluate(
 ) -> dict:
     """All metrics for ``samples`` against the ``split`` of ``data``, as a flat JSON-ready dict."""
     started = time.perf_counter()
-    spec = eval_spec(data)
+    spec = eval_spec(data, img_size=int(max(samples.shape[-2:])))  # an image folder at the samples' size
     fake = to_eval_images(samples, spec)
     if fake.shape[0] < MIN_SAMPLES:
         raise TinyDiTError(
@@ -201,8 +209,9 @@ def evaluate(
     y = None if labels is None else _checked_labels(labels, len(fake), spec, root)  # (N,)
     if spec.feature_net is None and not (inception or inception_weights):
         raise TinyDiTError(
-            f"no offline feature network for {spec.data}: offline metrics exist for fashion-mnist and "
-            "shapes; use `inception` (or `inception_weights` PATH) for Inception FID"
+            f"no offline feature network for {spec.data}: offline metrics exist for "
+            f"{' and '.join(sorted(r.name for r in DATASETS.values() if r.feature_net))}; use `inception` (or "
+            "`inception_weights` PATH) for Inception FID"
         )
     out: dict = {}
     nets: dict = {}
@@ -260,7 +269,7 @@ def _checked_labels(labels, n: int, spec: EvalSpec, root) -> torch.Tensor:
     y = torch.as_tensor(labels, dtype=torch.int64).reshape(-1)  # (N,)
     if y.shape[0] != n:
         raise TinyDiTError(f"{y.shape[0]} labels for {n} samples; give one label per sample")
-    n_classes = len(open_dataset(spec.data, train=False, root=root, limit=1).classes) if spec.feature_net else None
+    n_classes = len(spec.classes) if spec.feature_net else None
     if n_classes is not None and (int(y.min()) < 0 or int(y.max()) >= n_classes):
         raise TinyDiTError(
             f"labels range over {int(y.min())}..{int(y.max())}, but {spec.data} has classes "
@@ -273,7 +282,7 @@ def default_best_metric(data: str, text: bool) -> tuple[str, bool]:
     """The metric best.pt is chosen by when none is named, and whether lower is better: prompt adherence
     for shapes text runs, the strict judge's pass rate for shapes class runs, else the offline FID. ``data``:
     a run's canonical name."""
-    if data == "shapes":
+    if data in DATASETS and DATASETS[data].judged:
         return ("adherence_all_all", False) if text else ("shape_strict", False)
     net = spec_for(data).feature_net
     if net is None:

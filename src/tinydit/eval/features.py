@@ -19,13 +19,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from tinydit.data.cache import random_flip
+from tinydit.data.registry import DATASETS
 from tinydit.errors import TinyDiTError
 from tinydit.images import from_uint8
 
 __all__ = ["FeatureNet", "ASSETS", "FEATURE_NETS", "load_feature_net", "file_sha256", "train_feature_net", "extract"]
 
 ASSETS = Path(__file__).parent.parent / "assets"
-FEATURE_NETS = {"fashion-mnist": "fmnist_cnn", "shapes": "shapes_cnn"}  # data set -> feature net name
+# data set -> its feature net's name, as the data sets' records name them
+FEATURE_NETS = {r.name: r.feature_net for r in DATASETS.values() if r.feature_net}
 
 
 class FeatureNet(nn.Module):

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from tinydit.checkpoints.checkpoint import Checkpoint, load_model
-from tinydit.data.datasets import canonical_name
+from tinydit.data.registry import canonical_name, record_of
 from tinydit.data.shapes import SHAPES, caption
 from tinydit.data.text import Tokenizer, class_captions, parse_phrases, tokenizer_of
 from tinydit.distributed import SINGLE, World
@@ -48,23 +48,25 @@ def eval_conditions(target: EvalTarget, n: int) -> tuple[torch.Tensor, torch.Ten
     text model), each sample's class (n,), and for a shapes text model its prompt's attributes (for prompt
     adherence; else None).
 
-    Text prompts: for shapes every shape x colour x background combination in turn (``tinydit.eval.adherence``),
-    held-out ones included; for CIFAR-10 and Fashion-MNIST the class template ("a photo of a sneaker");
-    for an image folder the folder's name. So the samples stay class-balanced, as for class models.
+    Text prompts, by the data set's caption rule (``DatasetRecord.captions``): for shapes, whose samples are
+    read back from their pixels, every shape x colour x background combination in turn
+    (``tinydit.eval.adherence``), held-out ones included; for class captions (CIFAR-10, Fashion-MNIST) the
+    class template ("a photo of a sneaker"); for an image folder the folder's name. So the samples stay
+    class-balanced, as for class models.
     """
 
     classes, data, tokenizer = list(target.classes), target.data, target.tokenizer
     if tokenizer is None:
         labels = class_cycle(n, len(classes))
         return labels, labels, None
-    attrs = None
-    if data == "shapes":
+    attrs, record = None, record_of(data)
+    if record.judged:
         attrs = prompts_for(n)
         captions = [caption(a) for a in attrs]
         labels = torch.tensor([SHAPES.index(a["shape"]) for a in attrs])
     else:
         labels = class_cycle(n, len(classes))
-        if data in ("cifar10", "fashion-mnist"):
+        if record.captions == "class":
             captions = class_captions(labels.tolist(), classes)
         else:  # an image folder: the caption of images without a sidecar file (tinydit.data.datasets.folder_caption)
             captions = [Path(classes[i]).name or Path(data).name for i in labels.tolist()]
@@ -96,11 +98,11 @@ def generate_for_eval(
     if n < 1:
         raise TinyDiTError(f"`n` must be >= 1, got {n}")
     model, state = load_model(checkpoint, map_location=device)
-    warn_if_untrained_settings(state.few_step == "distill", settings)
+    warn_if_untrained_settings(state.objective == "distill", settings)
     trained_on = state.data.name  # canonical, as the run resolved it
     if data is not None and canonical_name(data) != trained_on:
         raise TinyDiTError(f"{state.source} was trained on {trained_on}, not {data}; drop `data`")
-    spec = spec_for(trained_on)  # an unsupported data set fails before any sampling
+    spec = spec_for(trained_on, state.data.img_size)  # an unsupported data set fails before any sampling
     target = EvalTarget.of_checkpoint(state)
     x, labels, info = sample_for_eval(model, target, n, settings, seed, progress=progress, world=world)
     sampler = {**settings.filled().to_json(), "seed": seed}
@@ -126,7 +128,7 @@ def sample_for_eval(
     if attrs is not None:
         holdout = list(target.holdout)
         info.update(flatten(score(res.x, attrs, holdout)), adherence_holdout=",".join(holdout) or "none")
-    if target.data == "shapes":  # class or text: is the shape its label or prompt asked for drawn?
+    if record_of(target.data).judged:  # class or text: is the shape its label or prompt asked for drawn?
         # The strict judge (a clean shape of the asked kind fits; tinydit.eval.shape_fit) is the quality
         # figure; read_shape's lenient reading stays beside it as a diagnostic.
         info.update({f"shape_{k}": v for k, v in strict_scores(res.x, labels).items()})
@@ -149,5 +151,6 @@ def score_model(
     """``sample_for_eval``'s samples scored with the offline metrics against the test split: one flat dict
     of numbers (what evaluation during training logs)."""
     x, labels, info = sample_for_eval(model, target, n, settings, seed, progress=progress)
-    metrics = evaluate(x.float(), labels, spec_for(target.data), root=root, cache_dir=cache_dir)
+    spec = spec_for(target.data, x.shape[-1])  # an image folder's reference at the size it trained at
+    metrics = evaluate(x.float(), labels, spec, root=root, cache_dir=cache_dir)
     return {k: v for k, v in {**metrics, **info}.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}

@@ -34,7 +34,6 @@ import torch
 from torch import nn
 
 from tinydit.errors import TinyDiTError
-from tinydit.flow.settings import SamplingSettings
 
 __all__ = [
     "KNOTS",
@@ -121,9 +120,10 @@ def distill_losses_by_steps(
     return out
 
 
-def warn_if_untrained_settings(distilled: bool, settings: SamplingSettings) -> None:
+def warn_if_untrained_settings(distilled: bool, settings) -> None:
     """Warn when a distilled student (``distilled``) is sampled in a way it never learned: it takes 1, 2, 4
-    or 8 Euler steps on the uniform grid at guidance 1 (the teacher's guidance is in its paths)."""
+    or 8 Euler steps on the uniform grid at guidance 1 (the teacher's guidance is in its paths). ``settings``:
+    the ``tinydit.flow.settings.SamplingSettings`` it is sampled with."""
     if not distilled:
         return
     s = settings

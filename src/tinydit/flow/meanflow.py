@@ -51,6 +51,7 @@ from tinydit.flow.path import interpolate, velocity_target
 __all__ = [
     "R_NEQ_T",
     "ADAPTIVE_C",
+    "MEANFLOW_CFG",
     "TIME_SCALE",
     "TANGENTS",
     "FoldedGuidance",
@@ -62,7 +63,10 @@ __all__ = [
 ]
 
 R_NEQ_T = 0.25  # the share of images trained on an interval r < t; the rest have r = t (paper, table 1a)
-ADAPTIVE_C = 1e-3  # the adaptive weight 1 / (error + c) (paper, eq. 22 with p = 1)
+ADAPTIVE_C = 1e-3  # the adaptive weight 1 / (error + c) (paper, eq. 22 with p = 1), per pixel: see meanflow_loss
+# The guidance a mean-flow run folds into its target when `meanflow_cfg` is not given (docs/few_step.md
+# measures it): a one-step sampler cannot guide afterwards, so the guided field is what it learns.
+MEANFLOW_CFG = 2.0
 # The time embedding's scale for a mean-flow model (DiTConfig.time_scale; DiT's 1000 elsewhere). The target
 # holds du/dt, and features of 1000 t turn so fast that the network's derivative in t, not the flow's, makes
 # up nearly all of it (docs/few_step.md shows the measurement).
@@ -195,6 +199,7 @@ def meanflow_loss(
     target = meanflow_target(model, z, r, t, y, velocity_target(x0, noise), guidance, tangent)
     u = forward(z, t, y, t - r)  # (N, C, H, W)
     error = (u.float() - target).pow(2).flatten(1).mean(1)  # (N,)
+    # error is a per-pixel mean: error / (error + c) = sum / (sum + c C H W), the paper code's summed loss with c C H W
     weighted = error / (error.detach() + ADAPTIVE_C)  # (N,)
     return weighted, error
 
@@ -214,8 +219,8 @@ def check_jvp(model: nn.Module, device: torch.device, precision_context=contextl
             _, du_dt = jvp_du_dt(model, z, t / 2, t, y, torch.randn_like(z))
     except RuntimeError as err:
         raise TinyDiTError(
-            f"`few_step` meanflow needs the derivative of the model along the flow (forward-mode autodiff), "
+            f"`objective` meanflow needs the derivative of the model along the flow (forward-mode autodiff), "
             f"and {type(model).__name__} cannot give it here: {str(err).splitlines()[0]}"
         ) from err
     if du_dt is None:
-        raise TinyDiTError(f"{type(model).__name__} dropped the tangent of its input: `few_step` meanflow needs it")
+        raise TinyDiTError(f"{type(model).__name__} dropped the tangent of its input: `objective` meanflow needs it")

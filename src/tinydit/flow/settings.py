@@ -24,9 +24,10 @@ import operator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tinydit.data.names import BUILTIN_DATASETS
+from tinydit.data.registry import BUILTIN_DATASETS
 from tinydit.errors import TinyDiTError
 from tinydit.flow.grids import DEFAULT_SHIFT, check_grid
+from tinydit.flow.objectives import DEFAULT_OBJECTIVE, objective_named
 from tinydit.flow.solvers import DEFAULT_ETA, DEFAULT_TOL, SAMPLER_NAMES
 from tinydit.models.presets import MODEL_CONDS, MODEL_PRESETS
 from tinydit.schema import check_fields
@@ -233,18 +234,11 @@ def _check_sampling_record(record: dict) -> tuple[tuple[str, str, str], Sampling
     return (data, preset, cond), SamplingSettings.from_json({**settings, "source": record["source"]})
 
 
-def recommended_sampling(data: str, preset: str, cond: str, few_step: str = "none") -> SamplingSettings:
-    """The sampler settings a new checkpoint records. ``data`` is the canonical name
-    (``tinydit.data.names.canonical_name``), as a checkpoint records it."""
-    if few_step == "distill":  # guidance is in the teacher's paths, and the student learned Euler jumps
-        return SamplingSettings(
-            "euler", 4, 1.0, source="a distilled student takes 1, 2, 4 or 8 Euler steps at guidance 1"
-        )
-    if few_step == "meanflow":  # the average velocity over [0, 1]: one step, guidance folded into training
-        return SamplingSettings(
-            "euler",
-            1,
-            1.0,
-            source="a mean-flow model samples in one Euler step of its average velocity, guided in training",
-        )
+def recommended_sampling(data: str, preset: str, cond: str, objective: str = DEFAULT_OBJECTIVE) -> SamplingSettings:
+    """The sampler settings a new checkpoint records: its objective's own (``Objective.sampling``), else the
+    measured record for its data set and preset. ``data`` is the canonical name
+    (``tinydit.data.registry.canonical_name``), as a checkpoint records it."""
+    own = objective_named(objective).sampling
+    if own is not None:
+        return SamplingSettings.from_json(own)
     return read_sampling_records().get((data, preset, cond)) or SamplingSettings()

@@ -4,13 +4,18 @@ one network that samples in 1, 2, 4, ... steps, trained from scratch with no tea
 The model also sees the step size d its sampler will take, and predicts the average velocity s over
 that step, so that x_{t-d} = x_t - d s(x_t, t, d) (t = 1 is noise, see ``tinydit.flow.path``). Training mixes
 
-- flow matching at d = 0 (the instantaneous velocity, ``noise - x0``), for 1 - ``sc_fraction`` of
-  each batch, and
+- flow matching at the finest level's step d = 2^-``levels`` (the instantaneous velocity, ``noise - x0``,
+  as the official code gives its flow-matching targets the smallest step's index), for 1 - ``sc_fraction``
+  of each batch, and
 - self-consistency for the rest: one step of 2d must land where two steps of d land,
 
       s(x_t, t, 2d)  <-  ( s(x_t, t, d) + s(x_t - d s(x_t, t, d), t - d, d) ) / 2      (paper, eq. 5)
 
   with the target computed without gradients, for d = 2^-k, k = 1..``levels``, and t in [2d, 1].
+
+The finest self-consistency level queries s(., ., 2^-levels), which flow matching trains, so the chain of
+levels rests on a trained input. A smaller step (more than 2^levels sampling steps, or d = 0 from the
+samplers that do not pass a step) is given to the model as the finest one (``DiTConfig.finest_step``).
 
 Cost per step: the two target evaluations run on ``sc_fraction`` of the batch without a backward
 pass, and a forward pass is about a third of a training step's compute, so the default 1/4 adds about
@@ -25,9 +30,12 @@ from torch import nn
 
 from tinydit.flow.path import interpolate, velocity_target
 
-__all__ = ["shortcut_loss", "n_self_consistency", "LEVELS", "SC_FRACTION"]
+__all__ = ["shortcut_loss", "n_self_consistency", "LEVELS", "FINEST_STEP", "SC_FRACTION"]
 
-LEVELS = 7  # the smallest self-consistency step is 2^-7: 128 steps, where d = 0 and d = 1/128 agree
+LEVELS = 7  # the smallest self-consistency step is 2^-7: 128 steps
+# where flow matching is trained: sinusoidal features of time_scale * d tell d = 0 and d = 2^-7 apart, so
+# the finest level is trained itself rather than assumed to agree with d = 0
+FINEST_STEP = 2.0**-LEVELS
 SC_FRACTION = 0.25  # share of each batch trained for self-consistency (the paper's k = 1/4)
 
 
@@ -45,12 +53,15 @@ def shortcut_loss(
     generator: torch.Generator | None = None,
     sc_fraction: float = SC_FRACTION,
     reduce: bool = True,
+    finest_step: float = FINEST_STEP,
 ) -> torch.Tensor:
-    """Flow matching at d = 0 plus self-consistency targets, in one forward pass with gradients.
+    """Flow matching at the finest step plus self-consistency targets, in one forward pass with gradients.
 
     x0, noise: (N, C, H, W); y, t: (N,). The last ``n_self_consistency(N)`` images become
-    self-consistency examples with fresh d and t drawn from ``generator``. Returns the mean loss, or
-    per-image losses (N,) with reduce=False.
+    self-consistency examples with fresh d and t drawn from ``generator``; the others learn flow matching
+    told the step ``finest_step`` (the model's ``DiTConfig.finest_step``: 0 for a model written before it
+    was recorded, which continues as it began). Returns the mean loss, or per-image losses (N,) with
+    reduce=False.
     """
     b = x0.shape[0]
     n_sc = n_self_consistency(b, sc_fraction)
@@ -72,7 +83,7 @@ def shortcut_loss(
 
     x_in = torch.cat([x_fm, x_sc])  # (N, C, H, W): both kinds in one forward pass
     t_in = torch.cat([t[:n_fm], t_sc])
-    d_in = torch.cat([torch.zeros(n_fm, device=dev), 2 * d])
+    d_in = torch.cat([torch.full((n_fm,), finest_step, device=dev), 2 * d])
     target = torch.cat([velocity_target(x0[:n_fm], noise[:n_fm]), target_sc])
     err = (model(x_in, t_in, y, d_in).float() - target).pow(2)  # (N, C, H, W)
     per_image = err.flatten(1).mean(1)  # (N,)

@@ -307,7 +307,10 @@ class DiT(nn.Module):
             ctx, pooled, keep = self.text(y)  # (N, L, D), (N, D), (N, L)
             c = self.t_embed(t) + self.pooled_embed(pooled)  # (N, D)
         if self.d_embed is not None:
-            c = c + self.d_embed(torch.zeros_like(t) if d is None else d)
+            d = torch.zeros_like(t) if d is None else d
+            if config.finest_step:  # no smaller step was trained (a shortcut model's finest level)
+                d = d.clamp_min(config.finest_step)
+            c = c + self.d_embed(d)
         return c, ctx, keep
 
     def forward(

@@ -35,6 +35,9 @@ class DiTConfig:
     # t and d reach the model as sinusoidal features of time_scale * t (DiT: 1000). A mean-flow model is
     # trained on its own derivative in t (tinydit.flow.meanflow), which the fastest feature multiplies.
     time_scale: float = 1000.0
+    # A shortcut model's smallest trained step: a smaller d (d = 0 too) is embedded as this one, the level
+    # its flow matching trained (tinydit.flow.shortcut); 0: every d as given
+    finest_step: float = 0.0
     # What the network outputs: v (the velocity itself) | x (the clean image; v derived from it) | auto
     # (resolved at construction: x for RGB data, v for grayscale; see PRESETS).
     pred: str = "v"
@@ -67,6 +70,8 @@ class DiTConfig:
             raise TinyDiTError(f"mlp_ratio must be > 0, got {self.mlp_ratio}")
         if not self.time_scale > 0:
             raise TinyDiTError(f"time_scale must be > 0, got {self.time_scale}")
+        if not 0 <= self.finest_step <= 1:
+            raise TinyDiTError(f"finest_step must be in [0, 1], got {self.finest_step}")
         if self.pred == "auto":  # frozen dataclass: set the resolved value once, here
             object.__setattr__(self, "pred", "x" if self.in_channels > 1 else "v")
         for name, allowed in (("norm", NORMS), ("mlp", MLPS), ("pos", POSITIONS), ("pred", PREDICTIONS)):

@@ -15,8 +15,6 @@ __all__ = [
     "MMDIT_PRESETS",
     "MODEL_PRESETS",
     "DEFAULT_PRESETS",
-    "DEFAULT_DATA_PRESETS",
-    "default_preset",
 ]
 
 # The architecture switches of DiTConfig (tinydit.models.dit) and the values each takes.
@@ -44,7 +42,7 @@ DIT_PRESETS: dict[str, dict] = {
     "dit-1.3m": dict(dim=128, depth=4, n_heads=4, patch_size=4, mlp="swiglu", pred="auto"),
     # dit-1.3m with pixel-level convolutions around the trunk (a 3x3 stem before the patches, a 3x3 head
     # after them, so neighbouring patches agree on an edge), U-ViT's long skips and QK-norm: the shapes
-    # quick start's (DEFAULT_DATA_PRESETS).
+    # quick start's (its data set's record, tinydit.data.registry).
     "dit-1.4m": dict(dim=128, depth=4, n_heads=4, patch_size=4, mlp="swiglu", qk_norm=True, stem="conv", head="conv",
                      skips=True, pred="auto"),
     # The CPU preset: minutes per run. SwiGLU is its one switch that won the equal-time ablation on
@@ -72,12 +70,3 @@ MMDIT_PRESETS: dict[str, dict] = {
 
 MODEL_PRESETS: dict[str, dict[str, dict]] = {"dit": DIT_PRESETS, "mmdit": MMDIT_PRESETS}
 DEFAULT_PRESETS: dict[str, str] = {"dit": "dit-1.9m", "mmdit": "mmdit-2.3m"}
-# The default preset of a (model, data set, conditioning), else DEFAULT_PRESETS. Shapes class runs take the
-# small model with pixel convolutions: their layout gains more from steps than from depth, and the
-# convolutions let neighbouring patches agree on an edge.
-DEFAULT_DATA_PRESETS: dict[tuple[str, str, str], str] = {("dit", "shapes", "class"): "dit-1.4m"}
-
-
-def default_preset(model: str, data: str, cond: str) -> str:
-    """The preset a run of ``model`` on the canonical data set ``data`` with ``cond`` takes when none is named."""
-    return DEFAULT_DATA_PRESETS.get((model, data, cond), DEFAULT_PRESETS[model])

@@ -13,7 +13,7 @@ from torch import nn
 from tinydit.errors import TinyDiTError
 from tinydit.models import dit as model
 from tinydit.models import mmdit
-from tinydit.models.presets import DEFAULT_DATA_PRESETS, MODEL_PRESETS
+from tinydit.models.presets import MODEL_PRESETS
 
 __all__ = [
     "ModelType",
@@ -78,7 +78,8 @@ _SHAPES_TEXT = dict(cond="text", vocab_size=16, text_len=8, n_classes=4)
 def preset_rows() -> list[dict]:
     """Every model preset with its size: params for 32x32 RGB with 10 classes (class DiTs) and with the
     shapes captions' text encoder (``params_text``); ``switches``: where it differs from the original DiT;
-    ``default``: the model type's default, ``default_on``: the data sets whose class runs default to it."""
+    ``default``: the model type's default (the data sets whose runs default to it are their records',
+    ``tinydit.data.registry``)."""
     base, shown = model.DiTConfig(), ("norm", "qk_norm", "mlp", "pos", "pred", "stem", "head", "skips")
     rows = []
     for kind, table in MODEL_PRESETS.items():
@@ -100,7 +101,6 @@ def preset_rows() -> list[dict]:
                     "tokens_at_32": (32 // cfg.patch_size) ** 2,
                     "switches": {k: getattr(cfg, k) for k in shown if getattr(cfg, k) != getattr(base, k)},
                     "default": name == MODEL_TYPES[kind].default_preset,
-                    "default_on": sorted(d for (m, d, _), p in DEFAULT_DATA_PRESETS.items() if m == kind and p == name),
                 }
             )
     return rows

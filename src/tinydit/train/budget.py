@@ -26,6 +26,7 @@ import torch
 
 from tinydit.config import TrainConfig
 from tinydit.errors import TinyDiTError
+from tinydit.flow.objectives import DEFAULT_OBJECTIVE
 from tinydit.runtime import CompileChoice, choose_compile
 from tinydit.train import optim
 
@@ -46,13 +47,13 @@ def speed_key(cfg: TrainConfig, preset: str, precision: str, processes: int) -> 
     its teacher's): runs of one kind compile the same graphs and train at one pace on a machine. The machine
     record keeps their pace under it, in words."""
     switches = [f"{name} {value}" for name, value in sorted(cfg.arch_overrides().items())]
-    few_step = [cfg.few_step] if cfg.few_step != "none" else []
+    objective = [cfg.objective] if cfg.objective != DEFAULT_OBJECTIVE else []
     return ", ".join(
         [
             f"{cfg.model} {preset}",
             f"{cfg.data} {cfg.cond}",
             *switches,
-            *few_step,
+            *objective,
             *(["repa"] if cfg.repa else []),  # the encoder's pass; its weight costs nothing
             precision,
             f"batch {cfg.batch_size}",

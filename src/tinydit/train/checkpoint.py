@@ -16,7 +16,6 @@ import torch
 from tinydit.checkpoints.checkpoint import Checkpoint
 from tinydit.config import TRAJECTORY_FIELDS, TrainConfig
 from tinydit.errors import TinyDiTError
-from tinydit.flow.meanflow import TIME_SCALE as MEANFLOW_TIME_SCALE
 from tinydit.models.registry import preset_config
 from tinydit.runtime import resolve_compile
 
@@ -74,21 +73,16 @@ def check_same_schedule(old: TrainConfig, new: TrainConfig, step: int, out: Path
         )
 
 
-def model_config_for(cfg: TrainConfig, fields: dict, ckpt: Checkpoint | None, teacher: Checkpoint | None):
-    """The run's model config: the preset with the data's ``fields`` and the run's switches; a student's
-    is its teacher's with the step-size input. A continued run keeps the architecture it started with,
-    even if its preset has changed since (presets follow the ablations); only the data must still fit."""
+def model_config_for(
+    cfg: TrainConfig, fields: dict, ckpt: Checkpoint | None, teacher: Checkpoint | None, objective_fields: dict
+):
+    """The run's model config: the preset with the data's ``fields``, the run's switches and its objective's
+    inputs (``objective_fields``, ``Objective.model_fields``); a student's is its teacher's with its
+    objective's inputs. A continued run keeps the architecture it started with, even if its preset has
+    changed since (presets follow the ablations); only the data must still fit."""
     if teacher is not None:
-        return dataclasses.replace(teacher.config, shortcut=True)
-    config = preset_config(
-        cfg.model,
-        cfg.preset,
-        **fields,
-        **cfg.arch_overrides(),
-        shortcut=cfg.few_step in ("shortcut", "meanflow"),
-        **({"time_scale": MEANFLOW_TIME_SCALE} if cfg.few_step == "meanflow" else {}),
-        cond=cfg.cond,
-    )
+        return dataclasses.replace(teacher.config, **objective_fields)
+    config = preset_config(cfg.model, cfg.preset, **fields, **cfg.arch_overrides(), **objective_fields, cond=cfg.cond)
     if ckpt is not None and all(getattr(ckpt.config, f) == getattr(config, f) for f in fields):
         return ckpt.config
     return config

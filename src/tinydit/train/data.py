@@ -21,8 +21,7 @@ from torch.utils.data import Dataset
 from tinydit.checkpoints.checkpoint import Checkpoint, DataRecord
 from tinydit.config import TrainConfig
 from tinydit.data.cache import CachedDataset
-from tinydit.data.datasets import open_dataset
-from tinydit.data.shapes import GRID_PROMPTS
+from tinydit.data.registry import open_dataset, record_of
 from tinydit.data.text import Tokenizer, class_captions, holds_phrase
 from tinydit.errors import TinyDiTError
 from tinydit.train.optim import step_generator
@@ -114,12 +113,14 @@ def cache_dataset(dataset: Dataset, flip: bool, desc: str) -> CachedDataset:
 
 
 def _datasets(cfg: TrainConfig, dataset: Dataset | None, val_dataset: Dataset | None):
+    """The training and validation sets, whole but for what `limit` and `val_size` will cut anyway (a class
+    filter first needs them whole), which a generated set then does not make."""
     if dataset is None:
+        train, val = (None, None) if cfg.classes else (cfg.limit, cfg.val_size)
+        options = dict(root=cfg.data_root, img_size=cfg.img_size)
         return (
-            open_dataset(
-                cfg.data, train=True, root=cfg.data_root, limit=None if cfg.classes else cfg.limit, flip=cfg.flip
-            ),
-            open_dataset(cfg.data, train=False, root=cfg.data_root, limit=None if cfg.classes else cfg.val_size),
+            open_dataset(cfg.data, train=True, limit=train, flip=cfg.flip, **options),
+            open_dataset(cfg.data, train=False, limit=val, **options),
         )
     train = cache_dataset(dataset, flip=cfg.flip, desc="decoding the training set")  # resolved: a bool
     if val_dataset is not None:
@@ -134,9 +135,6 @@ def _datasets(cfg: TrainConfig, dataset: Dataset | None, val_dataset: Dataset | 
             held = torch.ones(len(train), dtype=torch.bool)
         val = train.subset(torch.nonzero(held).flatten(), flip=False)
         train = train.subset(torch.nonzero(~held).flatten()) if not held.all() else train
-    if cfg.limit is not None:
-        train = train.subset(torch.arange(min(cfg.limit, len(train))))
-    val = val.subset(torch.arange(min(cfg.val_size, len(val))))
     return train, val
 
 
@@ -174,9 +172,7 @@ def prepare_data(
     train_set, val_set = _datasets(cfg, dataset, val_dataset)
     if cfg.classes is not None:  # filtered first, so that `limit` and `val_size` count the classes kept
         train_set, val_set = only_classes(train_set, cfg.classes), only_classes(val_set, cfg.classes)
-        if cfg.limit is not None:
-            train_set = train_set.subset(torch.arange(min(cfg.limit, len(train_set))))
-        val_set = val_set.subset(torch.arange(min(cfg.val_size, len(val_set))))
+    train_set, val_set = train_set.first(cfg.limit), val_set.first(cfg.val_size)  # `limit` applied here, once
     data = RunData(name, train_set, val_set)
     if cfg.cond != "text":
         return data
@@ -187,9 +183,9 @@ def prepare_data(
     )
     data.train_tokens = data.tokenizer.encode(data.train_set.captions)
     data.val_tokens = data.tokenizer.encode(val_set.captions, warn=False)  # unseen words: <unk>
-    # The sample grids' rows: for shapes a fixed list (held-out combinations included), else the first 8
+    # The sample grids' rows: the data set's own (shapes: held-out combinations included), else the first 8
     # distinct training captions.
-    data.prompts = list(GRID_PROMPTS) if name == "shapes" else list(dict.fromkeys(data.train_set.captions))[:8]
+    data.prompts = list(record_of(name).grid_prompts or dict.fromkeys(data.train_set.captions))[:8]
     return data
 
 

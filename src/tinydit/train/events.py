@@ -19,6 +19,7 @@ import torch
 from tinydit.config import TrainConfig
 from tinydit.errors import TinyDiTError
 from tinydit.eval.evaluate import default_best_metric, lower_is_better
+from tinydit.flow.objectives import objective_named
 from tinydit.flow.path import N_T_BINS, t_bins
 from tinydit.train.budget import Clock
 
@@ -156,7 +157,7 @@ class Events:
     def validate(self) -> None:
         """The validation loss of the raw weights and of the EMA (also per bin of t) into metrics.jsonl."""
         self.val, self.val_ema, self.by_t = self.actions.validate()
-        key = "val_loss_ema_by_steps" if self.cfg.few_step == "distill" else "val_loss_ema_by_t"
+        key = "val_loss_ema_by_steps" if objective_named(self.cfg.objective).teacher else "val_loss_ema_by_t"
         record = {"val_loss": self.val, "val_loss_ema": self.val_ema, key: [round(v, 5) for v in self.by_t]}
         self.log.record({"step": self.run.step, **record})
 

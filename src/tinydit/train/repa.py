@@ -21,22 +21,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tinydit.data.registry import DATASETS
 from tinydit.errors import TinyDiTError
 from tinydit.eval.features import load_feature_net
+from tinydit.flow.objectives import OBJECTIVES, Objective
 
 __all__ = [
     "REPA_ENCODERS",
     "REPA_DEPTH",
-    "ALIGNED_OBJECTIVES",
     "Alignment",
     "TargetCache",
     "check_repa",
     "repa_encoder",
 ]
 
-# data set -> the shipped encoder whose features the tokens are aligned to
-# (scripts/train_feature_net.py --name, recorded in assets/feature_nets.json)
-REPA_ENCODERS = {"shapes": "shapes_repa", "fashion-mnist": "fmnist_repa"}
+# data set -> the shipped encoder whose features the tokens are aligned to, as the data sets' records name
+# them (scripts/train_feature_net.py --name, recorded in assets/feature_nets.json)
+REPA_ENCODERS = {r.name: r.repa_encoder for r in DATASETS.values() if r.repa_encoder}
 # the tokens after this many blocks are aligned: early, so that the later blocks build on what they learn
 REPA_DEPTH = 2
 PROJECTOR_WIDTH = 256  # the projector's hidden width (REPA's is 2048 for 1152-wide tokens)
@@ -46,9 +47,6 @@ PROJECTOR_WIDTH = 256  # the projector's hidden width (REPA's is 2048 for 1152-w
 # ways round and flipped at random: for epochs after the first, a training batch still misses a few
 # targets, and a batch padded to the training batch's size would cost as much as computing them all.
 TARGET_BATCH = 16
-# The objectives (``few_step``) that take the alignment; on shapes their runs align by default
-# (tinydit.train.resolve). A shortcut model and a distilled student refuse it.
-ALIGNED_OBJECTIVES = ("none", "meanflow")
 # A set whose targets would take more than this (bfloat16, both ways round) computes them every step instead.
 MAX_KEPT_BYTES = 2 * 2**30
 
@@ -58,7 +56,7 @@ def repa_encoder(repa: float, data: str) -> str | None:
     return REPA_ENCODERS[data] if repa else None
 
 
-def check_repa(repa: float, data: str, few_step: str, depth: int) -> None:
+def check_repa(repa: float, data: str, objective: Objective, depth: int) -> None:
     """Refuse an alignment the run cannot do, naming what would make it work."""
     if repa == 0:
         return
@@ -67,8 +65,9 @@ def check_repa(repa: float, data: str, few_step: str, depth: int) -> None:
             f"`repa` needs a shipped encoder for the data set; there is one for {', '.join(REPA_ENCODERS)}, "
             f"not for {data}: set `repa` 0"
         )
-    if few_step not in ALIGNED_OBJECTIVES:
-        raise TinyDiTError(f"`repa` works with `few_step` {' or '.join(ALIGNED_OBJECTIVES)}; set `repa` 0 for this run")
+    if not objective.aligned:  # a shortcut model and a distilled student refuse it
+        aligned = [o.name for o in OBJECTIVES.values() if o.aligned]
+        raise TinyDiTError(f"`repa` works with `objective` {' or '.join(aligned)}; set `repa` 0 for this run")
     check_depth(depth)
 
 

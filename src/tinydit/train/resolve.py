@@ -1,7 +1,8 @@
 """A run's configuration resolved once: every ``None`` default of a ``TrainConfig`` filled from the data
 set and the model type, and its names checked against the table of their owner (the model types and
 presets in ``tinydit.models.presets``, a teacher's sampler in ``tinydit.flow.samplers``, the training
-times in ``tinydit.flow.path``; the data set is named by ``tinydit.data.names``). The architecture
+times in ``tinydit.flow.path``; the data set's name and its defaults by its record in
+``tinydit.data.registry``). The architecture
 switches are checked where the model's config is built (``tinydit.models.dit_config``).
 
 ``resolve(cfg)`` returns a new config and never changes ``cfg``; resolving a resolved config returns an
@@ -19,14 +20,23 @@ from torch.utils.data import Dataset
 
 from tinydit.config import CHOICES as CONFIG_CHOICES
 from tinydit.config import TrainConfig
-from tinydit.data.names import DATASET_PREFIX, canonical_name, dataset_name, known_name, mirrors
+from tinydit.data.registry import (
+    DATASET_PREFIX,
+    DATASETS,
+    SHAPES_HOLDOUT,
+    canonical_name,
+    dataset_name,
+    known_name,
+    record_of,
+)
 from tinydit.errors import TinyDiTError
+from tinydit.flow.meanflow import MEANFLOW_CFG
+from tinydit.flow.objectives import OBJECTIVES, check_objective
 from tinydit.flow.path import T_SAMPLINGS
 from tinydit.flow.samplers import FIXED_STEP_SAMPLERS
-from tinydit.models.presets import MLPS, MODEL_CONDS, MODEL_PRESETS, NORMS, POSITIONS, PREDICTIONS, default_preset
+from tinydit.models.presets import DEFAULT_PRESETS, MLPS, MODEL_CONDS, MODEL_PRESETS, NORMS, POSITIONS, PREDICTIONS
 from tinydit.tokens import parse_phrases
-from tinydit.train.repa import ALIGNED_OBJECTIVES, REPA_DEPTH, check_repa
-from tinydit.train.teacher import teacher_sampling
+from tinydit.train.repa import REPA_DEPTH, check_repa
 
 __all__ = [
     "resolve",
@@ -40,41 +50,39 @@ __all__ = [
     "DEFAULT_LR",
     "DEFAULT_LRS",
     "DEFAULT_REPA",
+    "DEFAULT_DATA_PRESETS",
+    "default_preset",
     "ALIGNED_BY_DEFAULT",
     "RESOLVED_DEFAULTS",
 ]
 
-# Caption combinations a shapes text run never sees unless told otherwise (`holdout`): prompt adherence
-# on them measures compositional generalisation (tinydit.eval.adherence).
-SHAPES_HOLDOUT = "red triangle,blue circle"
 # Class runs on RGB data train on logit-normal times shifted by this towards noise, logit(t) ~ N(log 2.2, 1),
 # close to JiT's N(0.8, 0.8) for x-prediction (Li & He 2025): the class decides the layout at the noisy
-# end of the path, where its small signal needs the training steps.
+# end of the path, where its small signal needs the training steps. A data set's record may say otherwise
+# (`DatasetRecord.t_shift`: 1 for grayscale Fashion-MNIST, whose class runs train on uniform times).
 NOISEWARD_SHIFT = 2.2
 # `minutes` runs let the learning rate fall over this last share of the budget unless told otherwise: a
 # run that stops at its peak rate ends on noisy weights.
 BUDGET_COOLDOWN_FRAC = 0.2
 DEFAULT_STEPS = 2000  # a run given neither `steps` nor `minutes`
-# The default batch per data set, else DEFAULT_BATCH_SIZE: shapes gains more from more, smaller steps than
-# from a larger batch.
-DEFAULT_BATCH_SIZE, DEFAULT_BATCH_SIZES = 128, {"shapes": 64}
-# The default peak learning rate per data set, else DEFAULT_LR; shapes at batch 64 takes a higher one, its edge
-# of stability.
-DEFAULT_LR, DEFAULT_LRS = 1e-3, {"shapes": 2e-3}
-# The default weight of REPA's alignment, per data set (one with a shipped encoder,
-# tinydit.train.repa), else 0: aligned to an encoder that knows where a shape's centre is, the model learns
-# to lay out crosses, which no run without it drew; REPA's own weight. Fashion-MNIST has an encoder too, but
-# its gain there was mixed (a lower FID, a lower recall) for a dearer step, so its runs align when asked.
-DEFAULT_REPA = {"shapes": 0.5}
+# The default batch and peak learning rate, where the data set's record gives none.
+DEFAULT_BATCH_SIZE, DEFAULT_LR = 128, 1e-3
+# The per-data-set values of the records, as tables ("64 on shapes") for the help and the guide.
+DEFAULT_BATCH_SIZES = {r.name: r.batch_size for r in DATASETS.values() if r.batch_size is not None}
+DEFAULT_LRS = {r.name: r.lr for r in DATASETS.values() if r.lr is not None}
+DEFAULT_REPA = {r.name: r.repa for r in DATASETS.values() if r.repa}
+DEFAULT_DATA_PRESETS = {(m, r.name, c): p for r in DATASETS.values() for m, c, p in r.presets}
 # The runs that take DEFAULT_REPA when `repa` is not given: class DiTs, and the text-to-image MMDiT, whose
 # captions name the kind of shape the same encoder's features lay out. The pooled-text DiT was not measured
 # with it.
 ALIGNED_BY_DEFAULT = {("dit", "class"), ("mmdit", "text")}
-# ... of the objectives that take it (tinydit.train.repa.ALIGNED_OBJECTIVES): flow matching, and mean flows,
-# whose one-step samples it made better on shapes at 5 and 15 minutes (docs/notes/few_step.md).
-# The guidance a mean-flow run folds into its target when `meanflow_cfg` is not given (docs/few_step.md
-# measures it): a one-step sampler cannot guide afterwards, so the guided field is what it learns.
-MEANFLOW_CFG = 2.0
+# ... of the objectives that take it (``Objective.aligned``): flow matching, and mean flows, whose one-step
+# samples it made better on shapes at 5 and 15 minutes (docs/notes/few_step.md).
+
+
+def default_preset(model: str, data: str, cond: str) -> str:
+    """The preset a run of ``model`` on the canonical data set ``data`` with ``cond`` takes when none is named."""
+    return record_of(data).preset(model, cond) or DEFAULT_PRESETS[model]
 
 
 def _per_data(table: dict, other) -> str:
@@ -85,14 +93,14 @@ def _per_data(table: dict, other) -> str:
 # What `resolve` fills each `None` default with, in words, for `tinydit train --help`: made from the values
 # above, so the help says what a run does.
 RESOLVED_DEFAULTS = {
-    "holdout": f'"{SHAPES_HOLDOUT}" on shapes text runs, else none',
+    "holdout": "".join(f'"{r.holdout}" on {r.name} text runs, ' for r in DATASETS.values() if r.holdout) + "else none",
     "preset": "chosen per data set and model, as `tinydit presets` marks",
     "cond": ", ".join(f"{conds[0]} for {model}" for model, conds in MODEL_CONDS.items()),
     "t_sampling": "logit-normal for text runs and for class runs on RGB data, else uniform",
     "t_shift": f"{NOISEWARD_SHIFT:g} for class runs on RGB data, else 1: no shift",
     "repa": ", ".join(f"{weight:g} on {data}" for data, weight in DEFAULT_REPA.items())
     + " for class DiTs and text MMDiTs that train with flow matching or meanflow, else 0",
-    "meanflow_cfg": f"{MEANFLOW_CFG:g} with `few_step` meanflow",
+    "meanflow_cfg": f"{MEANFLOW_CFG:g} with `objective` meanflow",
     "batch_size": _per_data(DEFAULT_BATCH_SIZES, DEFAULT_BATCH_SIZE),
     "lr": _per_data(DEFAULT_LRS, DEFAULT_LR),
     "steps": f"{DEFAULT_STEPS} without `minutes`, else no step limit",
@@ -109,6 +117,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "mlp": MLPS,
     "pos": POSITIONS,
     "pred": PREDICTIONS,
+    "objective": tuple(OBJECTIVES),
     **CONFIG_CHOICES,
 }
 
@@ -138,46 +147,59 @@ def resolve(cfg: TrainConfig, dataset: Dataset | None = None) -> TrainConfig:
         raise TinyDiTError(
             f"unknown preset {preset!r} for `model` {cfg.model}: use one of {', '.join(MODEL_PRESETS[cfg.model])}"
         )
-    rgb_class = cond == "class" and data != "fashion-mnist"
+    record = record_of(data)  # a Dataset object's run takes the defaults of `data` as given
+    shift = NOISEWARD_SHIFT if record.t_shift is None else record.t_shift
+    rgb_class = cond == "class" and shift != 1
+    _check_img_size(cfg.img_size, trained_on, MODEL_PRESETS[cfg.model][preset]["patch_size"])
     steps = DEFAULT_STEPS if cfg.steps is None and cfg.minutes is None else cfg.steps
     cooldown_frac = cfg.cooldown_frac
     if cooldown_frac is None:
         cooldown_frac = BUDGET_COOLDOWN_FRAC if cfg.minutes is not None and not cfg.cooldown else 0.0
-    if cfg.few_step == "distill":
-        _check_teacher(cfg, cond)
+    objective = check_objective(replace(cfg, cond=cond))
     repa = cfg.repa  # the alignment's encoder must know the data the run really trains on
     depth = MODEL_PRESETS[cfg.model][preset]["depth"]  # the smoke-test presets are too shallow to align
     if repa is None:
-        aligned = (cfg.model, cond) in ALIGNED_BY_DEFAULT and cfg.few_step in ALIGNED_OBJECTIVES and depth >= REPA_DEPTH
-        repa = DEFAULT_REPA.get(trained_on, 0.0) if aligned else 0.0
-    check_repa(repa, trained_on, cfg.few_step, depth)
+        aligned = (cfg.model, cond) in ALIGNED_BY_DEFAULT and objective.aligned and depth >= REPA_DEPTH
+        repa = record_of(trained_on).repa if aligned else 0.0
+    check_repa(repa, trained_on, objective, depth)
     return replace(
         cfg,
         data=trained_on,
         cond=cond,
         preset=preset,
-        holdout=_holdout(cfg.holdout, cond, data),
+        holdout=_holdout(cfg.holdout, cond, record.holdout),
         steps=steps,
         cooldown_frac=cooldown_frac,
         # text runs: SD3's logit-normal times, which learned the captions better on shapes (the text-to-image notes)
         t_sampling=cfg.t_sampling or ("logit-normal" if cond == "text" or rgb_class else "uniform"),
-        t_shift=cfg.t_shift or (NOISEWARD_SHIFT if rgb_class else 1.0),
-        batch_size=cfg.batch_size or DEFAULT_BATCH_SIZES.get(data, DEFAULT_BATCH_SIZE),
-        lr=cfg.lr or DEFAULT_LRS.get(data, DEFAULT_LR),
+        t_shift=cfg.t_shift or (shift if rgb_class else 1.0),
+        batch_size=cfg.batch_size or record.batch_size or DEFAULT_BATCH_SIZE,
+        lr=cfg.lr or record.lr or DEFAULT_LR,
         repa=repa,
-        meanflow_cfg=(cfg.meanflow_cfg or MEANFLOW_CFG) if cfg.few_step == "meanflow" else None,
-        flip=mirrors(trained_on) if cfg.flip is None else cfg.flip,
+        flip=record_of(trained_on).mirrors if cfg.flip is None else cfg.flip,
+        **objective.resolved(cfg),
     )
 
 
-def _check_teacher(cfg: TrainConfig, cond: str) -> None:
-    """A distilled student's teacher settings, and its conditioning."""
-    if cond != "class":
-        raise TinyDiTError("`few_step` distill works with class-conditional models for now; drop `cond` text")
-    teacher_sampling(cfg)  # checked as it is built
+def _check_img_size(img_size: int | None, data: str, patch_size: int) -> None:
+    """An image folder trains at any multiple of the model's patch size; a built-in set at its own size."""
+    if img_size is None:
+        return
+    if data in DATASETS:
+        own = DATASETS[data].img_size
+        if img_size != own:
+            raise TinyDiTError(
+                f"`img_size` {img_size}: {data} is {own}x{own}; drop `img_size` (it sizes image folders)"
+            )
+        return
+    if img_size < patch_size or img_size % patch_size:
+        raise TinyDiTError(
+            f"`img_size` {img_size} must be a multiple of the model's patch size {patch_size} "
+            f"({', '.join(str(k * patch_size) for k in (8, 12, 16))}, ...)"
+        )
 
 
-def _holdout(holdout: str | None, cond: str, data: str) -> str | None:
+def _holdout(holdout: str | None, cond: str, default: str) -> str | None:
     """The held-out phrases, written out in full ("" for none) for text runs; None for class runs."""
     if cond != "text":
         if holdout not in (None, "", "none"):
@@ -187,5 +209,5 @@ def _holdout(holdout: str | None, cond: str, data: str) -> str | None:
             )
         return None
     if holdout is None:
-        return SHAPES_HOLDOUT if data == "shapes" else ""
+        return default
     return ",".join(parse_phrases(holdout))

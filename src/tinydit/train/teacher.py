@@ -17,9 +17,10 @@ from torch import nn
 from tinydit.checkpoints.checkpoint import Checkpoint, load_checkpoint, load_model
 from tinydit.errors import TinyDiTError
 from tinydit.files import torch_save
-from tinydit.flow.distill import KNOTS, distill_loss
+from tinydit.flow.distill import KNOTS
 from tinydit.flow.generate import class_cycle
-from tinydit.flow.samplers import FIXED_STEP_SAMPLERS, sample_path
+from tinydit.flow.objectives import PathBatch
+from tinydit.flow.samplers import sample_path
 from tinydit.flow.settings import SamplingSettings
 from tinydit.progress import Progress
 from tinydit.runtime import autocast
@@ -47,15 +48,8 @@ class TeacherPaths:
 
 def teacher_sampling(cfg) -> SamplingSettings:
     """How a run's teacher samples its paths (``teacher_sampler``, ``teacher_steps``, ``teacher_cfg``,
-    ``teacher_cfg_interval``), checked: a fixed-step sampler on the uniform grid, its steps a multiple of
-    ``KNOTS`` (the path is kept at t = k / KNOTS)."""
-    if cfg.teacher_sampler not in FIXED_STEP_SAMPLERS:
-        raise TinyDiTError(f"`teacher_sampler` must be {', '.join(FIXED_STEP_SAMPLERS)}, got {cfg.teacher_sampler!r}")
-    if cfg.teacher_steps < 1 or cfg.teacher_steps % KNOTS:
-        raise TinyDiTError(
-            f"`teacher_steps` must be a positive multiple of {KNOTS} (the teacher's path is "
-            f"kept at t = k/{KNOTS}), got {cfg.teacher_steps}"
-        )
+    ``teacher_cfg_interval``; checked with the run's objective, ``tinydit.flow.objectives.Distill``):
+    a fixed-step sampler on the uniform grid, its steps a multiple of ``KNOTS``."""
     interval = cfg.teacher_cfg_interval
     return SamplingSettings(
         cfg.teacher_sampler, cfg.teacher_steps, cfg.teacher_cfg, cfg_interval=interval, source="the teacher's paths"
@@ -166,7 +160,7 @@ def run_paths(cfg, teacher_state: Checkpoint, cache: Path, device, precision: st
 
 class Distillation:
     """A student's side of distillation: the teacher's checkpoint (whose preset and architecture the
-    student takes), its sampled paths for training and validation, and the loss on a batch of them."""
+    student takes), its sampled paths for training and validation, and a step's batch of them."""
 
     def __init__(self, cfg):
         self.cfg = cfg  # resolved: ``cfg.data`` is the name the teacher's checkpoint must record too
@@ -192,9 +186,7 @@ class Distillation:
             }
         )
 
-    def loss(self, forward, idx: torch.Tensor, device, precision: str, generator: torch.Generator) -> torch.Tensor:
-        """The student's loss on the paths ``idx`` (this rank's share); no guidance dropout: the teacher's
-        guidance is in its paths."""
+    def batch(self, idx: torch.Tensor, device, generator: torch.Generator) -> PathBatch:
+        """The paths ``idx`` (this rank's share) on ``device``, a student's draws for one step."""
         states = self.paths.states[idx].to(device, non_blocking=True)  # (n, KNOTS + 1, C, H, W) float16
-        with autocast(device, precision):
-            return distill_loss(forward, states, self.paths.y[idx].to(device), generator=generator)
+        return PathBatch(states, self.paths.y[idx].to(device), generator)

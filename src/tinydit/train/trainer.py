@@ -27,7 +27,7 @@ from tinydit.eval.run_report import write_run_report
 from tinydit.eval.sampling import EvalTarget, score_model
 from tinydit.files import RunDirLock, ensure_writable_dir
 from tinydit.flow.guidance import null_condition
-from tinydit.flow.meanflow import check_jvp, draw_interval
+from tinydit.flow.objectives import Loss, Objective, StepBatch, with_loss
 from tinydit.flow.path import sample_t
 from tinydit.flow.settings import recommended_sampling
 from tinydit.models.registry import build_model
@@ -40,7 +40,6 @@ from tinydit.train.data import BatchOrder, prepare_data
 from tinydit.train.diagnostics import sample_grid, validation_losses
 from tinydit.train.events import Actions, Events, best_metric
 from tinydit.train.log import RunLog
-from tinydit.train.objectives import OBJECTIVES, Objective, StepBatch
 from tinydit.train.repa import repa_encoder
 from tinydit.train.resolve import resolve
 from tinydit.train.run import Run, TrainResult
@@ -56,7 +55,8 @@ class Trainer:
     train on instead of the data set ``cfg.data`` names (``tinydit.train.data``).
 
     The parts an experiment swaps are parameters, each defaulting to what ``cfg`` asks for: ``objective``
-    (what a step minimises, ``tinydit.train.objectives``), ``build_model`` ((kind, model config) -> the
+    (what a step minimises: an ``Objective`` of ``tinydit.flow.objectives``, the one ``cfg.objective``
+    names, or a plain loss function in place of its loss), ``build_model`` ((kind, model config) -> the
     model, ``tinydit.models.registry.build_model``) and ``optimizer`` ((params, device, lr, weight_decay,
     fused) -> the optimizer, ``tinydit.train.optim.adamw``). A run continued with other parts than it
     started with is the caller's to judge: they are not recorded.
@@ -71,20 +71,13 @@ class Trainer:
         dataset: Dataset | None = None,
         val_dataset: Dataset | None = None,
         *,
-        objective: Objective | None = None,
+        objective: Objective | Loss | None = None,
         build_model: Callable[..., nn.Module] = build_model,
         optimizer: Callable[..., torch.optim.Optimizer] = optim.adamw,
     ):
         # its defaults filled for the data set, once
         self.cfg, self.progress = resolve(cfg, dataset), progress
-        if self.cfg.few_step == "distill" and objective is not None:
-            raise TinyDiTError("`few_step` distill trains on its teacher's paths: it takes no `objective`")
-        needs = {fn: name for name, fn in OBJECTIVES.items() if name != "none"}  # what the model and draws must be
-        if objective in needs and needs[objective] != self.cfg.few_step:
-            raise TinyDiTError(f"`objective` {objective.__name__} needs `few_step` {needs[objective]}")
-        if objective is None and self.cfg.few_step != "distill":
-            objective = OBJECTIVES[self.cfg.few_step]
-        self.objective, self.parts = objective, (build_model, optimizer)
+        self.objective, self.parts = with_loss(self.cfg.objective, objective), (build_model, optimizer)
         self.out, self.ckpt_path = Path(cfg.out), Path(cfg.out) / "checkpoint.pt"
         # Held from before the checkpoint is read until fit() ends: one trainer per run directory.
         self.lock = RunDirLock(self.out)
@@ -106,7 +99,7 @@ class Trainer:
         check_out(self.out, RUN, read_paths(data_folder, cfg.teacher))
         if self.out.is_dir() and main:
             self.lock.acquire()
-        self.teacher = Distillation(cfg) if cfg.few_step == "distill" else None
+        self.teacher = Distillation(cfg) if self.objective.teacher else None
         self.preset = self.teacher.preset if self.teacher is not None else cfg.preset  # a student takes its teacher's
         state = None
         if self.ckpt_path.exists() and not overwrite:
@@ -138,19 +131,19 @@ class Trainer:
         self.sampling = (
             state.sampling_settings()
             if state is not None
-            else recommended_sampling(self.data.name, self.preset, cfg.cond, cfg.few_step)
+            else recommended_sampling(self.data.name, self.preset, cfg.cond, cfg.objective)
         )
         # (the metric best.pt is kept by, lower is better): unsupported data fails now, not at the first evaluation
         self.best_metric = best_metric(cfg, self.data.name, self.text) if cfg.eval_every else None
         teacher_state = self.teacher.state if self.teacher is not None else None
-        self.model_config = model_config_for(cfg, self.data.model_fields(), state, teacher_state)
+        objective_fields = self.objective.model_fields()
+        self.model_config = model_config_for(cfg, self.data.model_fields(), state, teacher_state, objective_fields)
         # A checkpoint from before the fused AdamW continues unfused: exact, and fp16's scaler keeps the unfused step.
         unfused = state is not None and not state.optimizer_fused
         student_of = teacher_state.ema if teacher_state is not None and state is None else None
         setup = (cfg.model, self.model_config, cfg, self.device, self.precision, self.world, self.compiled)
         self.run = Run(*setup, student_of, unfused, repa_encoder(cfg.repa, self.data.name), *self.parts)
-        if cfg.few_step == "meanflow":  # a model that cannot carry a tangent is refused before training
-            check_jvp(unwrap(self.run.model), self.device, lambda: autocast(self.device, self.precision))
+        self.objective.check_model(unwrap(self.run.model), self.device, lambda: autocast(self.device, self.precision))
         if self.run.alignment is not None:  # the encoder runs once per training image, not once per step
             self.run.alignment.keep_targets(len(self.data.train_set))
         if state is not None:  # also keeps its token-linear kernel where the device and precision are the same
@@ -160,6 +153,8 @@ class Trainer:
         if self.teacher is not None:  # a student trains on its teacher's paths
             self.teacher.prepare(self)
         n_train = len(self.teacher.paths) if self.teacher is not None else len(self.data.train_set)
+        # where a step's draws come from: a student's teacher's paths, or the run's images
+        self.draw = self._draw_paths if self.teacher is not None else self._draw_images
         self.batch_size = min(cfg.batch_size, n_train)
         distributed.check_split(self.batch_size, self.world.size)
         self.order = BatchOrder(n_train, self.batch_size, cfg.seed)
@@ -201,36 +196,45 @@ class Trainer:
     def train_step(self) -> torch.Tensor:
         """One optimizer step; returns this rank's (detached) flow-matching loss without synchronising the
         device. Every draw is made for the whole global batch, then each rank keeps its share (``World.share``)."""
-        cfg, dev, run = self.cfg, self.device, self.run
+        cfg, run = self.cfg, self.run
         g = optim.step_generator(cfg.seed, run.step)
         idx = self.order.indices(run.step)
         mine = self.world.share(len(idx))
         # The few-step objectives draw more inside their losses, per image: under several ranks each draws
         # from its own seeded stream, so those runs resume exactly on the same number of ranks only.
         g_loss = g if self.world.size == 1 else optim.step_generator(cfg.seed, run.step, 104_729, self.world.rank)
-        if self.teacher is not None:
-            loss = self.teacher.loss(run.forward, idx[mine], dev, self.precision, g_loss)
-            return run.update(loss, self.budget.lr_at(run.step))
+        b, aligned_to = self.draw(idx, mine, g, g_loss)
+        with autocast(self.device, self.precision):
+            loss = self.objective(run.forward, run.model, b)
+            align = run.alignment.loss(b.x, aligned_to) if run.alignment else None  # REPA: tokens vs x
+        if loss.at_t is not None:
+            self.events.window.add_times(b.t[loss.at_t], loss.per_sample[loss.at_t], align)
+        run.update(loss.minimised if align is None else loss.minimised + cfg.repa * align, self.budget.lr_at(run.step))
+        return loss.reported.detach()  # the flow-matching loss: comparable with runs that do not align
+
+    def _draw_images(self, idx: torch.Tensor, mine: slice, g: torch.Generator, g_loss: torch.Generator):
+        """This rank's share of a step's images and their draws (``StepBatch``), and the alignment's key for them."""
+        cfg, dev = self.cfg, self.device
         flips = self.data.train_set.draw_flips(len(idx), g)  # (N,) bool: the alignment keeps a target per way round
         x, y = self.data.batch(True, idx, device=dev, flips=flips)  # (N, C, H, W), (N,) or (N, L)
         n = x.shape[0]
-        t = sample_t(n, generator=g, device=dev, kind=cfg.t_sampling, shift=cfg.t_shift)  # (N,)
+
+        def draw_t() -> torch.Tensor:  # (N,) the run's training times
+            return sample_t(n, generator=g, device=dev, kind=cfg.t_sampling, shift=cfg.t_shift)
+
+        t = draw_t()
         noise = torch.randn(x.shape, generator=g).to(dev)  # (N, C, H, W)
         drop = (torch.rand(n, generator=g) < cfg.class_dropout).to(dev)  # (N,) guidance dropout
-        null = null_condition(unwrap(run.model), y)
+        null = null_condition(unwrap(self.run.model), y)
         y = torch.where(drop.view(-1, *[1] * (y.dim() - 1)), null, y)
-        r = t
-        if cfg.few_step == "meanflow":  # the interval [r, t]: drawn for the global batch, so ranks agree
-            s = sample_t(n, generator=g, device=dev, kind=cfg.t_sampling, shift=cfg.t_shift)  # (N,)
-            r, t = draw_interval(t, s, g)
+        r, t = self.objective.draw_times(t, draw_t, g)  # (N,) each: drawn for the global batch, so ranks agree
         # this rank's share: n = N / ranks
         b = StepBatch(x[mine], y[mine], t[mine], r[mine], noise[mine], drop[mine], null[mine], g_loss, cfg.meanflow_cfg)
-        with autocast(dev, self.precision):
-            loss = self.objective(run.forward, run.model, b)
-            align = run.alignment.loss(b.x, (idx[mine], flips[mine])) if run.alignment else None  # REPA: tokens vs x
-        self.events.window.add_times(b.t[loss.at_t], loss.per_sample[loss.at_t], align)
-        run.update(loss.minimised if align is None else loss.minimised + cfg.repa * align, self.budget.lr_at(run.step))
-        return loss.reported.detach()  # the flow-matching loss: comparable with runs that do not align
+        return b, (idx[mine], flips[mine])
+
+    def _draw_paths(self, idx: torch.Tensor, mine: slice, g: torch.Generator, g_loss: torch.Generator):
+        """This rank's share of a step's teacher paths (``PathBatch``); a student does not align."""
+        return self.teacher.batch(idx[mine], self.device, g_loss), None
 
     def validation_losses(self, model) -> tuple[float, list[float]]:
         """The loss on the fixed held-out images (a student: its teacher's validation paths) with fixed noise
