@@ -53,6 +53,7 @@ from tinydit.flow import flow_loss
 from tinydit.flow.distill import KNOTS, distill_loss
 from tinydit.flow.meanflow import FoldedGuidance, draw_interval, meanflow_loss
 from tinydit.flow.samplers import sample, sample_path
+from tinydit.flow.settings import SamplingSettings
 from tinydit.flow.shortcut import shortcut_loss
 from tinydit.models.attention import BACKENDS, attention_backend, resolve_backend
 from tinydit.models.dit import PRESETS, SWITCHES, DiT, DiTConfig, count_params, get_preset
@@ -236,22 +237,14 @@ def teacher_path_rate(w: Workload, n: int = 500) -> tuple[float, int]:
     d = TrainConfig  # the --objective distill defaults
     noise = torch.randn(n, w.cfg.in_channels, w.cfg.img_size, w.cfg.img_size, device=w.device)
     y = torch.arange(n, device=w.device) % w.cfg.n_classes
+    teacher = SamplingSettings(d.teacher_sampler, d.teacher_steps, d.teacher_cfg, cfg_interval=d.teacher_cfg_interval)
     w.model.eval()
     times = []
     for _ in range(3):
         sync(w.device)
         start = time.perf_counter()
         with torch.no_grad(), w.kernels():
-            _, nfe = sample_path(
-                d.teacher_sampler,
-                w.model,
-                noise,
-                y,
-                KNOTS,
-                d.teacher_steps // KNOTS,
-                d.teacher_cfg,
-                cfg_interval=d.teacher_cfg_interval,
-            )
+            _, nfe = sample_path(teacher, w.model, noise, y, KNOTS)
         sync(w.device)
         times.append(time.perf_counter() - start)
     w.model.train()
@@ -334,12 +327,12 @@ def sample_rate(w: Workload, n: int, steps: int) -> float:
     y = torch.arange(n, device=w.device) % cfg.n_classes
     forward = maybe_compile(w.ema, w.compiled)
     with w.kernels():
-        sample("euler", forward, noise, y, 2, 2.0)  # warm-up
+        sample(SamplingSettings("euler", 2, 2.0), forward, noise, y)  # warm-up
         rates = []
         for _ in range(3):
             sync(w.device)
             start = time.perf_counter()
-            sample("euler", forward, noise, y, steps, 2.0)
+            sample(SamplingSettings("euler", steps, 2.0), forward, noise, y)
             sync(w.device)
             rates.append(n / (time.perf_counter() - start))
     return statistics.median(rates)

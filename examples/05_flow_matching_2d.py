@@ -14,6 +14,7 @@ from torch import nn
 
 from tinydit.flow import flow_loss
 from tinydit.flow.samplers import sample
+from tinydit.flow.settings import SamplingSettings
 
 
 class VelocityMLP(nn.Module):
@@ -54,7 +55,7 @@ def main() -> None:
             print(f"step {step:5d}  flow-matching loss {loss.item():.4f}")
 
     noise = torch.randn(2000, 2, generator=gen)
-    res = sample("euler", model, noise, torch.zeros(2000, dtype=torch.long), steps=50)
+    res = sample(SamplingSettings("euler", steps=50, cfg_scale=1.0), model, noise, torch.zeros(2000, dtype=torch.long))
     radius = res.x.norm(dim=1)
     print(
         f"noise radius {noise.norm(dim=1).mean():.2f} -> sample radius {radius.mean():.3f} "

@@ -12,6 +12,8 @@ from filelock import FileLock
 
 import tinydit.train.budget as budget_module
 from tinydit.config import TrainConfig
+from tinydit.flow.samplers import SampleResult, sample
+from tinydit.flow.settings import SamplingSettings
 from tinydit.train import Trainer
 
 # pytest-xdist workers (the suite runs with `-n`, see pyproject.toml) share the machine's cores: one thread
@@ -57,6 +59,15 @@ def dead_parameters_after_sgd(model, args, steps: int) -> list[str]:
         (model(*args) - args[0]).pow(2).mean().backward()
         opt.step()
     return [n for n, p in model.named_parameters() if p.grad is None or p.grad.abs().sum() == 0]
+
+
+def sample_with(
+    name, model, noise, y, steps=32, cfg_scale=1.0, *, generator=None, on_step=None, **options
+) -> SampleResult:
+    """``tinydit.flow.samplers.sample`` from raw arguments, for tests: the settings built (and so checked)
+    first, as every caller of the package builds them."""
+    settings = SamplingSettings(name, steps, cfg_scale, **options)
+    return sample(settings, model, noise, y, generator=generator, on_step=on_step)
 
 
 def built_once(tmp_path_factory, name: str, build) -> Path:

@@ -25,6 +25,33 @@ def run(args, capsys):
     return code, captured.err
 
 
+@pytest.mark.parametrize(
+    "sampler, steps, n, columns", [("euler", 3, 10, 3), ("euler", 20, 2, 16), ("dopri5", 2, 2, None)]
+)
+def test_sample_trajectory_draws_each_image_from_noise_to_the_sample(sampler, steps, n, columns, tmp_path, capsys):
+    """--trajectory: a row per image (at most 8), a column per step (at most 16, the last always), beside --out;
+    its last column is the samples themselves."""
+    from pathlib import Path
+
+    from tinydit import api
+
+    ckpt = Path(__file__).parent / "fixtures" / "dit-0.2m.pt"
+    args = ["sample", "--checkpoint", ckpt, "--n", n, "--sampler", sampler, "--steps", steps, "--device", "cpu"]
+    tol = {"rtol": 1e-2, "atol": 1e-2} if sampler == "dopri5" else {}
+    args += [a for k, v in tol.items() for a in (f"--{k}", v)]
+    code, err = run([*args, "--trajectory", "--out", tmp_path / "samples.png"], capsys)
+    assert code == 0, err
+    res = api.sample(ckpt, n, sampler=sampler, steps=steps, device="cpu", trajectory=True, **tol)
+    columns = columns or len(res.trajectory)  # dopri5: its accepted steps
+    assert res.trajectory.shape == (len(res.trajectory), min(n, 8), 3, 32, 32) and columns <= 16
+    assert torch.equal(res.trajectory[-1], res.x[:8])
+    assert f"trajectory to {tmp_path / 'samples_trajectory.png'}" in err
+    rows = min(n, 8)
+    assert Image.open(tmp_path / "samples_trajectory.png").size == (columns * 34 + 2, rows * 34 + 2)
+    run([*args, "--out", tmp_path / "plain.png"], capsys)
+    assert not (tmp_path / "plain_trajectory.png").exists()  # only when asked
+
+
 def test_train_then_sample_every_output_kind(tmp_path, capsys):
     out = tmp_path / "run"
     code, err = run(["train", "--data", "shapes", "--steps", 3, "--out", out, *FAST_TRAIN], capsys)

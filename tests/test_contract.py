@@ -8,10 +8,9 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import dead_parameters_after_sgd
+from conftest import dead_parameters_after_sgd, sample_with
 
 from tinydit.flow.guidance import guided_velocity, null_condition
-from tinydit.flow.samplers import sample
 from tinydit.models.dit import SWITCHES, DiTConfig
 from tinydit.models.mmdit import MMDiTConfig
 from tinydit.models.registry import build_model, config_from_dict, type_of
@@ -115,7 +114,7 @@ def test_guidance_is_one_batched_forward_against_the_models_null_condition(confi
         assert nfe == 2 and len(calls) == 1 and torch.equal(calls[0], torch.cat([y, null]))
         v_cond, v_uncond = model(x, t, y), model(x, t, null)
     torch.testing.assert_close(v, v_uncond + 3.0 * (v_cond - v_uncond), rtol=1e-4, atol=1e-5)
-    res = sample("euler", model, x, y, steps=2, cfg_scale=2.0)  # the samplers take y as it is
+    res = sample_with("euler", model, x, y, steps=2, cfg_scale=2.0)  # the samplers take y as it is
     assert res.x.shape == x.shape and res.nfe == 4 and torch.isfinite(res.x).all()
 
 

@@ -2,14 +2,15 @@ import math
 
 import pytest
 import torch
-from conftest import built_once, fast_config
+from conftest import built_once, fast_config, sample_with
 
 from tinydit.checkpoints.checkpoint import load_model
 from tinydit.cli import main
 from tinydit.config import TrainConfig
 from tinydit.errors import TinyDiTError
 from tinydit.flow.distill import KNOTS, STUDENT_STEPS, distill_loss, distill_losses_by_steps, init_student
-from tinydit.flow.samplers import sample, sample_path
+from tinydit.flow.samplers import sample_path
+from tinydit.flow.settings import SamplingSettings
 from tinydit.models.dit import DiT, DiTConfig
 from tinydit.train import Trainer
 from tinydit.train.resolve import resolve
@@ -35,14 +36,17 @@ def test_sample_path_is_the_sampler_run_with_every_knot_kept(name):
     for p in model.parameters():
         p.data.normal_(0, 0.05)  # a non-trivial field
     noise, y = torch.randn(3, 1, 8, 8), torch.tensor([0, 1, 2])
-    states, nfe = sample_path(name, model, noise, y, knots=4, steps_per_knot=2, cfg_scale=2.0, cfg_interval=(0.2, 0.8))
-    full = sample(name, model, noise, y, steps=8, cfg_scale=2.0, cfg_interval=(0.2, 0.8))
+    settings = SamplingSettings(name, 8, 2.0, cfg_interval=(0.2, 0.8))
+    states, nfe = sample_path(settings, model, noise, y, knots=4)
+    full = sample_with(name, model, noise, y, steps=8, cfg_scale=2.0, cfg_interval=(0.2, 0.8))
     assert states.shape == (5, 3, 1, 8, 8) and nfe == full.nfe
     assert torch.equal(states[4], noise) and torch.allclose(states[0], full.x, atol=1e-6)
-    half = sample_path(name, model, noise, y, knots=2, steps_per_knot=4, cfg_scale=2.0, cfg_interval=(0.2, 0.8))[0]
+    half = sample_path(settings, model, noise, y, knots=2)[0]
     assert torch.allclose(half[1], states[2], atol=1e-6)  # t = 1/2 is the same point of the same path
     with pytest.raises(TinyDiTError, match="fixed-step sampler"):
-        sample_path("dopri5", model, noise, y, knots=4)
+        sample_path(SamplingSettings("dopri5", 8, 1.0), model, noise, y, knots=4)
+    with pytest.raises(TinyDiTError, match="a multiple of it"):
+        sample_path(settings, model, noise, y, knots=3)
 
 
 class StraightLine(torch.nn.Module):

@@ -17,15 +17,15 @@ import pytest
 import torch
 from conftest import CHROMIUM, NEEDS_CHROMIUM, built_once, chromium
 
-from tinydit.checkpoints.checkpoint import Checkpoint, DataRecord, load_model
+from tinydit.checkpoints.checkpoint import Checkpoint, DataRecord, load_checkpoint, load_model
 from tinydit.cli import main
 from tinydit.data.text import Tokenizer
-from tinydit.export import ORT_WEB_FILES, export, find_ort_web
+from tinydit.export import ORT_WEB_FILES, STAND_IN, export, find_ort_web, ort_sampler
 from tinydit.export.ort_sampler import OnnxSampler, to_uint8
 from tinydit.flow.generate import generate
-from tinydit.flow.grids import uniform_grid
+from tinydit.flow.grids import DEFAULT_SHIFT, time_grid, uniform_grid
 from tinydit.flow.guidance import Velocity
-from tinydit.flow.samplers import ancestral
+from tinydit.flow.samplers import SAMPLER_NAMES, ancestral, sample
 from tinydit.flow.settings import SamplingSettings
 from tinydit.images import to_uint8 as torch_to_uint8
 from tinydit.models.dit import DiTConfig
@@ -110,14 +110,19 @@ def test_onnx_and_pt2_compute_what_the_model_computes(name, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "name, sampler, options",
+    "name, sampler, steps, options",
     [
-        ("dit", "euler", {}),
-        ("dit", "heun", {"cfg_interval": (0.1, 0.8)}),
-        ("mmdit", "heun", {}),
+        ("dit", "euler", 6, {}),
+        ("dit", "heun", 6, {"cfg_interval": (0.1, 0.8)}),
+        ("mmdit", "heun", 6, {}),
+        ("dit", "midpoint", 6, {"cfg_interval": (0.1, 0.8)}),
+        ("mmdit", "midpoint", 6, {"grid": "shifted"}),
+        ("dit", "heun-first", 6, {"grid": "shifted", "shift": 2.0}),
+        ("dit", "euler", 40, {}),  # the fixtures predict x: the last steps are below its clip of t
+        ("dit", "heun-first", 24, {"cfg_interval": (0.1, 0.8)}),
     ],
 )
-def test_the_torch_free_sampler_draws_what_tinydit_sample_draws(name, sampler, options, exported):
+def test_the_torch_free_sampler_draws_what_tinydit_sample_draws(name, sampler, steps, options, exported):
     model, state = load_model(FIXTURES / f"{name}-0.2m.pt")
     onnx = OnnxSampler(str(exported[name]))
     c = model.config
@@ -126,9 +131,10 @@ def test_the_torch_free_sampler_draws_what_tinydit_sample_draws(name, sampler, o
         if c.cond == "class"
         else torch.from_numpy(onnx.encode(["a red circle on a blue background"] * 8))
     )
-    ref = generate(model, y, SamplingSettings(sampler, 6, 2.5, **options), seed=3).x
+    ref = generate(model, y, SamplingSettings(sampler, steps, 2.5, **options), seed=3).x
     noise = torch.randn(8, c.in_channels, c.img_size, c.img_size, generator=torch.Generator().manual_seed(3))
-    x = onnx.sample(noise.numpy(), y.numpy(), steps=6, cfg_scale=2.5, sampler=sampler, **options)
+    options = {"grid": "uniform", **options}  # the settings' default, where the sampler's is the record's
+    x = onnx.sample(noise.numpy(), y.numpy(), steps=steps, cfg_scale=2.5, sampler=sampler, **options)
     diff = np.abs(to_uint8(x).astype(int) - torch_to_uint8(ref).numpy().astype(int))
     assert diff.max() <= 1  # within one uint8 level
     assert np.array_equal(to_uint8(ref.numpy()), torch_to_uint8(ref).numpy())  # the same rounding
@@ -160,6 +166,64 @@ def test_the_torch_free_ancestral_sampler_draws_what_tinydit_draws_from_the_same
     )
     assert np.abs(no_fresh - euler).max() < 1e-4  # eta 0 is Euler's step
     assert np.abs(to_uint8(x).astype(int) - to_uint8(euler).astype(int)).max() > 10  # eta 1 is not
+
+
+def test_the_torch_free_sampler_undoes_the_x_prediction_clip_as_tinydit_does(exported):
+    """Below t = 0.05 an x-prediction model's exported velocity is clipped; the sampler scales it back, and
+    without the record of the clip (an export of an older tinydit) it would draw other images."""
+    onnx = OnnxSampler(str(exported["dit"]))
+    noise = np.random.default_rng(1).standard_normal((4, 3, 32, 32)).astype(np.float32)
+    y = np.arange(4)
+    seen = []
+    x = onnx.sample(noise, y, steps=40, cfg_scale=1.0, grid="uniform", on_step=lambda *a: seen.append(a))
+    assert [s[0] for s in seen] == list(range(40)) and seen[-1][1] == 0.0 and np.array_equal(seen[-1][2], x)
+    i, t, x_last, x0 = seen[-1]
+    assert np.abs(x_last - x0).max() < 1e-5  # the last step, from t = 1/40 to 0, lands on the predicted image
+    onnx.meta["x_pred_t_min"] = None
+    clipped = onnx.sample(noise, y, steps=40, cfg_scale=1.0, grid="uniform")
+    assert np.abs(to_uint8(clipped).astype(int) - to_uint8(x).astype(int)).max() > 1
+
+
+def test_the_exported_samplers_follow_the_recorded_grid_and_name_their_stand_in(tmp_path):
+    state = load_checkpoint(FIXTURES / "dit-0.2m.pt")
+    model, _ = load_model(state)
+    shifted = SamplingSettings("heun", 6, 2.5, grid="shifted", shift=2.0, cfg_interval=(0.1, 0.8))
+    onnx = OnnxSampler(str(export(replace(state, sampling=shifted.to_json()), "onnx", tmp_path / "m.onnx")))
+    y = torch.arange(8) % model.config.n_classes
+    ref = torch_to_uint8(generate(model, y, shifted, seed=3).x).numpy().astype(int)
+    noise = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(3)).numpy()
+    recorded = onnx.sample(noise, y.numpy(), **onnx.recorded())
+    grid_recorded = onnx.sample(noise, y.numpy(), steps=6, cfg_scale=2.5, sampler="heun", cfg_interval=(0.1, 0.8))
+    uniform = onnx.sample(noise, y.numpy(), **{**onnx.recorded(), "grid": "uniform", "shift": None})
+    assert np.abs(to_uint8(recorded).astype(int) - ref).max() <= 1 and np.array_equal(recorded, grid_recorded)
+    assert np.abs(to_uint8(uniform).astype(int) - ref).max() > 1  # the negative control: the grid matters
+    dopri5 = SamplingSettings("dopri5", 8, 2.0, cfg_interval=(0.1, 0.8))
+    with pytest.warns(UserWarning, match="records the dopri5 sampler, whose adaptive steps .* run heun"):
+        path = export(replace(state, sampling=dopri5.to_json()), "onnx", tmp_path / "d.onnx")
+    assert OnnxSampler(str(path)).recorded() == {
+        "steps": 8,
+        "cfg_scale": 2.0,
+        "sampler": "heun",
+        "cfg_interval": [0.1, 0.8],
+        "grid": "uniform",
+        "shift": None,
+    }
+    with pytest.raises(ValueError, match="for dopri5 use heun"):
+        OnnxSampler(str(path)).sample(noise, y.numpy(), sampler="dopri5")
+
+
+def test_the_standalone_samplers_keep_tinydits_names_and_constants():
+    """ort_sampler.py and sampler.js import nothing of tinydit: their copies of its names agree with it."""
+    js = (Path(__file__).parents[1] / "src" / "tinydit" / "export" / "web" / "sampler.js").read_text()
+    assert set(ort_sampler.SAMPLERS) | set(STAND_IN) == set(SAMPLER_NAMES) and ort_sampler.STAND_IN == STAND_IN
+    assert ort_sampler.DEFAULT_SHIFT == DEFAULT_SHIFT and f"const DEFAULT_SHIFT = {DEFAULT_SHIFT:g};" in js
+    assert 'const STAND_IN = { dopri5: "heun" };' in js and STAND_IN == {"dopri5": "heun"}
+    assert f"const PAGE_SAMPLERS = {json.dumps(list(ort_sampler.SAMPLERS))};" in js
+    for steps, grid, shift in ((5, "uniform", None), (7, "shifted", None), (3, "shifted", 0.5)):
+        want = time_grid(steps, grid, shift).numpy()
+        np.testing.assert_allclose(
+            ort_sampler.time_grid(steps, grid, shift), want, rtol=0, atol=1e-15
+        )  # linspace's ulp
 
 
 def test_the_sampler_runs_where_torch_cannot_be_imported(exported, tmp_path):
@@ -225,48 +289,50 @@ def _ort_web() -> Path | None:
 @pytest.mark.skipif(
     _ort_web() is None, reason="needs onnxruntime-web from npm (npm install onnxruntime-web; .ci/run does)"
 )
-@pytest.mark.parametrize("name", ["dit", "mmdit"])
-def test_the_web_page_draws_what_the_python_sampler_draws(name, tmp_path):
+@pytest.mark.parametrize(
+    "name, settings",
+    [
+        ("dit", SamplingSettings("ancestral", 5, 2.0, cfg_interval=(0.1, 0.9), eta=1.0)),
+        ("mmdit", SamplingSettings("heun", 5, 2.0, cfg_interval=(0.1, 0.9))),
+        ("dit", SamplingSettings("midpoint", 4, 2.0, grid="shifted", shift=2.0)),
+        ("dit", SamplingSettings("heun-first", 24, 1.5)),  # x-prediction: its last steps are below the clip of t
+    ],
+    ids=lambda v: v if isinstance(v, str) else v.sampler,
+)
+def test_the_web_page_draws_what_tinydit_sample_draws(name, settings, tmp_path):
+    """The page, given the initial noise (and the ancestral steps' fresh noise, drawn from torch's stream as
+    tinydit draws it), draws what ``tinydit.flow.samplers.sample`` draws, within one uint8 level."""
     ckpt = FIXTURES / f"{name}-0.2m.pt"
     folder = export(ckpt, "web", tmp_path / "web", ort_web=_ort_web())
     files = {"index.html", "model.onnx", "model.json", "sampler.js", *ORT_WEB_FILES}
     assert {p.name for p in folder.iterdir()} >= files
-    onnx = OnnxSampler(str(folder / "model.onnx"))
-    meta = onnx.meta
-    noise = np.random.default_rng(5).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    model, _ = load_model(ckpt)
+    noise = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(5))
     prompt = "a yellow cross on a black background"
-    y = np.array([2]) if meta["cond"] == "class" else onnx.encode([prompt])
-    # The class model samples ancestrally, with the fresh noise of each step given; the text model by Heun.
-    sampler = "ancestral" if meta["cond"] == "class" else "heun"
-    fresh = np.random.default_rng(6).standard_normal((5, *noise.shape)).astype(np.float32)
+    tokenizer = OnnxSampler(str(folder / "model.onnx"))
+    y = torch.tensor([2]) if model.config.cond == "class" else torch.from_numpy(tokenizer.encode([prompt]))
+    with torch.no_grad():
+        want = torch_to_uint8(sample(settings, model, noise, y, generator=torch.Generator().manual_seed(6)).x).numpy()
+    steps_noise = torch.Generator().manual_seed(6)  # the same stream, drawn in the same order
+    fresh = [torch.randn(noise.shape, generator=steps_noise) for _ in range(settings.steps - 1)]
     case = {
         "noise": noise.ravel().tolist(),
         "label": 2,
         "prompt": prompt,
-        "steps": 5,
-        "cfg": 2.0,
-        "sampler": sampler,
-        "interval": [0.1, 0.9],
+        "steps": settings.steps,
+        "cfg": settings.cfg_scale,
+        "sampler": settings.sampler,
+        "interval": list(settings.cfg_interval or (0.0, 1.0)),
         "eta": 1.0,
+        "grid": settings.grid,
+        "shift": settings.shift,
         "fresh": [f.ravel().tolist() for f in fresh],
     }
     (folder / "case.json").write_text(json.dumps(case))
-    want = to_uint8(
-        onnx.sample(
-            noise,
-            y,
-            steps=5,
-            cfg_scale=2.0,
-            sampler=sampler,
-            cfg_interval=(0.1, 0.9),
-            eta=1.0,
-            fresh=lambda i: fresh[i],
-        )
-    )
-    # The page's controls start from the recorded settings, Euler standing in for a sampler it does not run.
+    # The page's controls start from the recorded settings, heun standing in for dopri5's adaptive steps.
     meta_file = folder / "model.json"
-    record = {"sampler": "dopri5", "steps": 7, "cfg_scale": 50.0, "cfg_interval": [0.8, 1.0], "eta": 0.5}
-    meta_file.write_text(json.dumps({**json.loads(meta_file.read_text()), "sampler": record}))
+    record = {"sampler": "dopri5", "steps": 7, "cfg_scale": 50.0, "cfg_interval": [0.8, 1.0], "grid": "shifted"}
+    meta_file.write_text(json.dumps({**json.loads(meta_file.read_text()), "sampler": {**record, "shift": 2.5}}))
 
     posted, done = [], threading.Event()
 
@@ -298,5 +364,6 @@ def test_the_web_page_draws_what_the_python_sampler_draws(name, tmp_path):
     result = posted[0]
     assert result["errors"] == []
     got = np.array(result["pixels"], dtype=int).reshape(want.shape)
-    assert np.abs(got - want.astype(int)).max() <= 1  # within one uint8 level of the Python sampler
-    assert result["defaults"] == {"sampler": "euler", "steps": 7, "cfg": 50, "interval": [0.8, 1.0], "eta": 0.5}
+    assert np.abs(got - want.astype(int)).max() <= 1  # within one uint8 level of tinydit's sampler
+    defaults = {"sampler": "heun", "steps": 7, "cfg": 50, "interval": [0.8, 1.0], "eta": 1, "grid": "shifted"}
+    assert result["defaults"] == {**defaults, "shift": 2.5}

@@ -3,6 +3,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import sample_with
 from torch import nn
 
 from tinydit.api import resolve_labels
@@ -11,7 +12,6 @@ from tinydit.flow import flow_loss, interpolate, velocity_target
 from tinydit.flow.generate import class_cycle, generate
 from tinydit.flow.grids import time_grid
 from tinydit.flow.guidance import guided_velocity
-from tinydit.flow.samplers import sample
 from tinydit.flow.settings import SamplingSettings
 from tinydit.models.dit import DiT, DiTConfig
 
@@ -68,7 +68,7 @@ def test_euler_on_linear_field_matches_closed_form_and_converges():
     field = Field(lambda x, t, y: x)
     errors = []
     for n in (4, 8, 16, 32):
-        res = sample("euler", field, x1, torch.zeros(1, dtype=torch.long), steps=n)
+        res = sample_with("euler", field, x1, torch.zeros(1, dtype=torch.long), steps=n)
         assert res.nfe == n
         assert math.isclose(res.x.item(), (1 - 1 / n) ** n, rel_tol=1e-5)
         errors.append(abs(res.x.item() - math.exp(-1)))
@@ -81,7 +81,7 @@ def test_perfect_model_of_one_point_lands_on_it_in_any_number_of_steps(steps):
     # For data = {x0}, the ideal velocity is (x_t - x0) / t: straight lines, so Euler is exact.
     x0 = torch.randn(1, 3, 4, 4)
     field = Field(lambda x, t, y: (x - x0) / t.view(-1, 1, 1, 1))
-    res = sample("euler", field, torch.randn(5, 3, 4, 4), torch.zeros(5, dtype=torch.long), steps=steps)
+    res = sample_with("euler", field, torch.randn(5, 3, 4, 4), torch.zeros(5, dtype=torch.long), steps=steps)
     assert torch.allclose(res.x, x0.expand(5, -1, -1, -1), atol=1e-5)
 
 
@@ -102,7 +102,7 @@ def test_guidance_scale_one_is_the_conditional_prediction_with_one_evaluation():
 
 def test_nfe_counts_guidance_pass():
     field = Field(lambda x, t, y: torch.zeros_like(x))
-    res = sample("euler", field, torch.zeros(2, 1, 2, 2), torch.zeros(2, dtype=torch.long), steps=5, cfg_scale=2.0)
+    res = sample_with("euler", field, torch.zeros(2, 1, 2, 2), torch.zeros(2, dtype=torch.long), steps=5, cfg_scale=2.0)
     assert res.nfe == 10 and field.calls == 5  # two evaluations per image per step, one batched call
 
 
@@ -124,7 +124,9 @@ def test_same_seed_same_samples_different_seed_different():
 def test_bad_sampler_arguments(steps, cfg, match):
     field = Field(lambda x, t, y: x)
     with pytest.raises(TinyDiTError, match=match):
-        sample("euler", field, torch.zeros(1, 1, 1, 1), torch.zeros(1, dtype=torch.long), steps=steps, cfg_scale=cfg)
+        sample_with(
+            "euler", field, torch.zeros(1, 1, 1, 1), torch.zeros(1, dtype=torch.long), steps=steps, cfg_scale=cfg
+        )
 
 
 def test_class_cycle_is_balanced_and_labels_resolve():

@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from conftest import fast_config
+from conftest import fast_config, sample_with
 
 from tinydit.checkpoints.checkpoint import load_checkpoint, load_model
 from tinydit.cli import main
@@ -22,7 +22,6 @@ from tinydit.flow.meanflow import (
     meanflow_target,
 )
 from tinydit.flow.path import flow_loss
-from tinydit.flow.samplers import sample
 from tinydit.models.dit import DiT, DiTConfig
 from tinydit.train import Trainer
 
@@ -125,12 +124,12 @@ def test_one_step_sampling_is_one_evaluation_and_deterministic():
     model = _moved(DiT(CFG)).eval()
     noise, y = torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 3])
     for steps in (1, 2, 4):
-        a = sample("euler", model, noise, y, steps=steps, cfg_scale=1.0)
-        b = sample("euler", model, noise, y, steps=steps, cfg_scale=1.0)
+        a = sample_with("euler", model, noise, y, steps=steps, cfg_scale=1.0)
+        b = sample_with("euler", model, noise, y, steps=steps, cfg_scale=1.0)
         assert a.nfe == steps and a.x.shape == (4, 3, 32, 32) and torch.equal(a.x, b.x)
     with torch.no_grad():  # one step from noise: z_0 = z_1 - u(z_1, 0, 1)
         one = noise - model(noise, torch.ones(4), y, torch.ones(4))
-    torch.testing.assert_close(sample("euler", model, noise, y, steps=1, cfg_scale=1.0).x, one)
+    torch.testing.assert_close(sample_with("euler", model, noise, y, steps=1, cfg_scale=1.0).x, one)
 
 
 def test_the_time_embedding_scale_is_positive_and_slows_the_derivative_in_t():

@@ -6,12 +6,11 @@ import sys
 
 import pytest
 import torch
-from conftest import fast_config
+from conftest import fast_config, sample_with
 
 from tinydit.checkpoints.checkpoint import load_checkpoint, load_model
 from tinydit.compiling import unwrap
 from tinydit.errors import TinyDiTError
-from tinydit.flow.samplers import sample
 from tinydit.models.dit import DiTConfig
 from tinydit.runtime import autocast, maybe_compile, resolve_compile, resolve_precision
 from tinydit.train import Trainer
@@ -103,8 +102,8 @@ def test_compiled_training_saves_plain_weights_that_load_into_either_module(tmp_
     compiled = maybe_compile(other, True)  # the same plain state dict, in a model compiled by region
     assert compiled is other and all(block._compiled_call_impl is not None for block in other.blocks)
     noise, y = torch.randn(32, 3, 32, 32), torch.arange(32) % 4
-    eager = sample("euler", model, noise, y, steps=1, cfg_scale=2.0).x
-    compiled_x = sample("euler", compiled, noise, y, steps=1, cfg_scale=2.0).x
+    eager = sample_with("euler", model, noise, y, steps=1, cfg_scale=2.0).x
+    compiled_x = sample_with("euler", compiled, noise, y, steps=1, cfg_scale=2.0).x
     torch.testing.assert_close(compiled_x, eager, rtol=1e-4, atol=1e-4)
 
 

@@ -6,18 +6,16 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import sample_with
 from torch import nn
 
 from tinydit.errors import TinyDiTError
 from tinydit.flow.generate import generate
 from tinydit.flow.grids import GRIDS, shifted_grid, time_grid, uniform_grid
 from tinydit.flow.guidance import Velocity
-from tinydit.flow.samplers import (
-    SAMPLERS,
-    check_sampler_args,
-    sample,
-)
+from tinydit.flow.samplers import SAMPLERS
 from tinydit.flow.settings import SamplingSettings
+from tinydit.models.dit import X_PRED_T_MIN, DiT, DiTConfig
 
 ORDER = {"euler": 1, "heun": 2, "midpoint": 2, "heun-first": 1}  # the fixed-step samplers and their order
 NFE = {
@@ -74,7 +72,7 @@ def test_fixed_step_samplers_converge_at_their_order(name, field, factor):
     errors = []
     for steps in (16, 32, 64, 128):
         f = field()
-        res = sample(name, f, x1, y, steps)
+        res = sample_with(name, f, x1, y, steps)
         assert res.nfe == NFE[name](steps) and len(f.batches) == res.nfe
         errors.append(error(res, x1, factor))
     ratios = [a / b for a, b in zip(errors, errors[1:], strict=False)]
@@ -87,7 +85,7 @@ def test_straight_paths_are_exact_for_every_sampler(name):
     # A constant velocity is integrated exactly by all of them: x(0) = x1 - v.
     x1, y = x1_and_y()
     v = torch.tensor(0.3, dtype=torch.float64)
-    res = sample(name, Field(lambda x, t, y: v.expand_as(x)), x1, y, 3, **DETERMINISTIC.get(name, {}))
+    res = sample_with(name, Field(lambda x, t, y: v.expand_as(x)), x1, y, 3, **DETERMINISTIC.get(name, {}))
     assert torch.allclose(res.x, x1 - v, atol=1e-12)
 
 
@@ -113,7 +111,9 @@ def test_sample_is_the_sampler_on_the_named_grid_with_the_guided_field(name):
     x1, y = x1_and_y()
     opts = {"ancestral": {"eta": 0.5}, "dopri5": {"rtol": 1e-4, "atol": 1e-4}}.get(name, {})
     gen = {"generator": torch.Generator().manual_seed(3)} if name == "ancestral" else {}
-    res = sample(name, cos_field(), x1, y, 6, 2.0, grid="shifted", shift=2.0, cfg_interval=(0.2, 0.7), **opts, **gen)
+    res = sample_with(
+        name, cos_field(), x1, y, 6, 2.0, grid="shifted", shift=2.0, cfg_interval=(0.2, 0.7), **opts, **gen
+    )
     velocity = Velocity(cos_field(), y, 2.0, (0.2, 0.7))
     gen = {"generator": torch.Generator().manual_seed(3)} if name == "ancestral" else {}
     x = SAMPLERS[name](velocity, x1, time_grid(6, "shifted", 2.0), **opts, **gen)
@@ -143,26 +143,26 @@ def test_heun_first_takes_one_heun_step_then_euler_steps(steps):
     # dx/dt = a x with h = -1/steps: an Euler step multiplies x by 1 + a h, a Heun step by 1 + a h + (a h)^2 / 2.
     a, h = 1.5, -1.0 / steps
     x1, y = x1_and_y()
-    res = sample("heun-first", exp_field(a), x1, y, steps)
+    res = sample_with("heun-first", exp_field(a), x1, y, steps)
     first = 1 + a * h + (a * h) ** 2 / 2 if steps > 1 else 1 + a * h  # one step only: it ends at t = 0, Euler
     assert torch.allclose(res.x, x1 * first * (1 + a * h) ** (steps - 1), rtol=1e-12, atol=0)
     assert res.nfe == (steps + 1 if steps > 1 else 1)
-    guided = sample("heun-first", exp_field(a), x1, y, 5, 2.0, cfg_interval=(0.1, 0.7))  # grid 1, 0.8, ..., 0.2
+    guided = sample_with("heun-first", exp_field(a), x1, y, 5, 2.0, cfg_interval=(0.1, 0.7))  # grid 1, 0.8, ..., 0.2
     assert guided.nfe == 6 + 3  # velocities at 1, 0.8 (corrector), 0.8, 0.6, 0.4, 0.2; the last 3 guided
 
 
 def test_dopri5_meets_its_tolerance_with_fewer_evaluations_than_fixed_steps():
     x1, y = x1_and_y()
     factor = math.exp(-math.sin(1))
-    res = sample("dopri5", cos_field(), x1, y, rtol=1e-6, atol=1e-6)
+    res = sample_with("dopri5", cos_field(), x1, y, rtol=1e-6, atol=1e-6)
     err = error(res, x1, factor)
     assert err < 1e-5 and (res.nfe - 1) % 6 == 0  # FSAL: one first evaluation, then 6 per attempted step
-    tighter = sample("dopri5", cos_field(), x1, y, rtol=1e-9, atol=1e-9)
+    tighter = sample_with("dopri5", cos_field(), x1, y, rtol=1e-9, atol=1e-9)
     assert error(tighter, x1, factor) < 1e-8 and tighter.nfe > res.nfe
-    heun = sample("heun", cos_field(), x1, y, res.nfe // 2)  # Heun with the same budget is far less accurate
+    heun = sample_with("heun", cos_field(), x1, y, res.nfe // 2)  # Heun with the same budget is far less accurate
     assert error(heun, x1, factor) > 10 * err
     steps = 16
-    while error(sample("heun", cos_field(), x1, y, steps), x1, factor) > err:
+    while error(sample_with("heun", cos_field(), x1, y, steps), x1, factor) > err:
         steps *= 2
     assert 2 * steps > 3 * res.nfe  # Heun needs several times the evaluations to match dopri5
 
@@ -172,7 +172,7 @@ def test_dopri5_rejects_steps_that_are_too_long_and_counts_them():
     # would take 7 evaluations; it is rejected and the solver goes on in shorter steps.
     x1, y = x1_and_y()
     f = exp_field(20.0)
-    res = sample("dopri5", f, x1, y, steps=1, rtol=1e-6, atol=1e-6)
+    res = sample_with("dopri5", f, x1, y, steps=1, rtol=1e-6, atol=1e-6)
     assert error(res, x1, math.exp(-20.0)) < 2e-6
     assert res.nfe > 7 and res.nfe == len(f.batches) and (res.nfe - 1) % 6 == 0
 
@@ -181,7 +181,7 @@ def test_guided_velocity_is_one_batched_forward():
     # v_cond = 1, v_uncond = -1 (the null class is 2): v = -1 + s (1 - (-1)) = 2 s - 1.
     f = Field(lambda x, t, y: torch.where(y == 2, -1.0, 1.0).view(-1, 1, 1, 1).expand_as(x).to(x.dtype))
     x1, y = x1_and_y(n=3)
-    res = sample("euler", f, x1, y, steps=4, cfg_scale=3.0)
+    res = sample_with("euler", f, x1, y, steps=4, cfg_scale=3.0)
     assert torch.allclose(res.x, x1 - 5.0)  # x(0) = x1 - (2 s - 1) over a unit of time
     assert res.nfe == 8 and f.batches == [6] * 4  # two evaluations per image per step, one call of 2N
 
@@ -193,7 +193,7 @@ def test_guidance_interval_counts_one_evaluation_outside_it(name):
     f = Field(lambda x, t, y: torch.where(y == 2, -1.0, 1.0).view(-1, 1, 1, 1).expand_as(x).to(x.dtype))
     x1, y = x1_and_y(n=2)
     opts = DETERMINISTIC.get(name, {})
-    res = sample(name, f, x1, y, 8, 2.0, cfg_interval=(0.25, 0.75), **opts)
+    res = sample_with(name, f, x1, y, 8, 2.0, cfg_interval=(0.25, 0.75), **opts)
     guided = sum(b == 4 for b in f.batches)
     assert res.nfe == len(f.batches) + guided  # 2 per guided evaluation, 1 per conditional-only one
     if name in ("euler", "ancestral"):  # grid 1, 7/8, ..., 1/8: guided at 3/4, 5/8, 1/2, 3/8, 1/4
@@ -201,8 +201,8 @@ def test_guidance_interval_counts_one_evaluation_outside_it(name):
         assert torch.allclose(res.x, x1 - (5 * 3 + 3 * 1) / 8)
     if name == "dopri5":  # it stops at the switches, so it integrates the jump exactly
         assert torch.allclose(res.x, x1 - 2.0, atol=1e-9)
-    whole = sample(name, f, x1, y, 8, 2.0, cfg_interval=(0.0, 1.0), **opts)
-    off = sample(name, f, x1, y, 8, 1.0, cfg_interval=(0.25, 0.75), **opts)
+    whole = sample_with(name, f, x1, y, 8, 2.0, cfg_interval=(0.0, 1.0), **opts)
+    off = sample_with(name, f, x1, y, 8, 1.0, cfg_interval=(0.25, 0.75), **opts)
     assert torch.allclose(whole.x, x1 - 3.0) and torch.allclose(off.x, x1 - 1.0)
     assert off.nfe * 2 == whole.nfe  # the same steps, each guided (2 evaluations) or not (1)
 
@@ -228,11 +228,13 @@ def test_ancestral_sampling_draws_the_data_distribution(eta):
     mu, s = 0.5, 0.3
     noise = torch.randn(5000, 1, 2, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     y = torch.zeros(5000, dtype=torch.long)
-    res = sample("ancestral", gaussian_field(mu, s), noise, y, 512, eta=eta, generator=torch.Generator().manual_seed(1))
+    res = sample_with(
+        "ancestral", gaussian_field(mu, s), noise, y, 512, eta=eta, generator=torch.Generator().manual_seed(1)
+    )
     assert res.nfe == 512
     assert abs(res.x.mean().item() - mu) < 0.02 and abs(res.x.std().item() / s - 1) < 0.03, (res.x.mean(), res.x.std())
     if eta > 0:  # the fresh noise matters: each image moved away from its deterministic (Euler) path
-        euler = sample("euler", gaussian_field(mu, s), noise, y, 512)
+        euler = sample_with("euler", gaussian_field(mu, s), noise, y, 512)
         assert (res.x - euler.x).abs().mean() > 0.05 * s
 
 
@@ -244,14 +246,16 @@ def test_ancestral_noise_that_is_too_small_shrinks_the_samples(monkeypatch):
     y = torch.zeros(5000, dtype=torch.long)
     randn = torch.randn
     monkeypatch.setattr(torch, "randn", lambda *a, **k: 0.5 * randn(*a, **k))  # only the sampler draws from here on
-    res = sample("ancestral", gaussian_field(mu, s), noise, y, 512, eta=1.0, generator=torch.Generator().manual_seed(1))
+    res = sample_with(
+        "ancestral", gaussian_field(mu, s), noise, y, 512, eta=1.0, generator=torch.Generator().manual_seed(1)
+    )
     assert res.x.std().item() / s < 0.9
 
 
 def test_ancestral_at_eta_0_is_euler_and_is_seeded_by_generate():
     x1, y = x1_and_y()
-    a = sample("ancestral", cos_field(), x1, y, 8, 2.0, eta=0.0, cfg_interval=(0.2, 0.8))
-    b = sample("euler", cos_field(), x1, y, 8, 2.0, cfg_interval=(0.2, 0.8))
+    a = sample_with("ancestral", cos_field(), x1, y, 8, 2.0, eta=0.0, cfg_interval=(0.2, 0.8))
+    b = sample_with("euler", cos_field(), x1, y, 8, 2.0, cfg_interval=(0.2, 0.8))
     assert torch.allclose(a.x, b.x, atol=1e-12) and a.nfe == b.nfe
     f = Field(lambda x, t, y: -x, n_classes=4)
     labels = torch.arange(6) % 4
@@ -276,8 +280,8 @@ def test_grids_run_from_noise_to_data():
 
 def test_shifted_grid_changes_the_samples_but_not_the_count():
     x1, y = x1_and_y()
-    a = sample("euler", cos_field(), x1, y, 8)
-    b = sample("euler", cos_field(), x1, y, 8, grid="shifted", shift=3.0)
+    a = sample_with("euler", cos_field(), x1, y, 8)
+    b = sample_with("euler", cos_field(), x1, y, 8, grid="shifted", shift=3.0)
     assert a.nfe == b.nfe == 8 and not torch.allclose(a.x, b.x)
 
 
@@ -314,7 +318,69 @@ def test_generate_batches_and_reports_nfe():
 def test_bad_sampler_arguments_are_clear_errors(kwargs, match):
     args = {"steps": 4, "cfg_scale": 1.0, **kwargs}
     with pytest.raises(TinyDiTError, match=match):
-        check_sampler_args(**args)
-    name = args.pop("sampler", "euler")
-    with pytest.raises(TinyDiTError, match=match):
-        sample(name, exp_field(), *x1_and_y(), **args)
+        SamplingSettings(**args)  # checked once, where the settings are made
+
+
+@pytest.mark.parametrize("name", [*ORDER, "ancestral"])
+def test_on_step_sees_every_step_and_its_last_x_is_the_sample(name):
+    """on_step(i, t, x, x0): once per step, x at the grid's next time, x0 = x_s - s v(x_s, s) from where the
+    step began (dx/dt = a x: v = a x), and the last x is the returned one."""
+    a, steps = 1.5, 5
+    x1, y = x1_and_y()
+    calls = []
+    opts = {"eta": 0.5, "generator": torch.Generator().manual_seed(0)} if name == "ancestral" else {}
+    res = sample_with(name, exp_field(a), x1, y, steps, on_step=lambda *args: calls.append(args), **opts)
+    grid = time_grid(steps).tolist()
+    assert [c[0] for c in calls] == list(range(steps)) and [c[1] for c in calls] == grid[1:]
+    assert torch.equal(calls[-1][2], res.x)
+    starts = [x1] + [c[2] for c in calls[:-1]]  # x at the time each step began
+    for (_, _, _, x0), x_s, s in zip(calls, starts, grid[:-1], strict=True):
+        torch.testing.assert_close(x0, x_s - s * a * x_s)
+
+
+def test_on_step_sees_each_accepted_dopri5_step():
+    a, x1, y = 1.5, *x1_and_y()
+    calls = []
+    res = sample_with("dopri5", exp_field(a), x1, y, 2, rtol=1e-6, atol=1e-6, on_step=lambda *c: calls.append(c))
+    ts = [c[1] for c in calls]
+    assert [c[0] for c in calls] == list(range(len(calls))) and len(calls) > 2
+    assert all(s > t for s, t in zip([1.0, *ts[:-1]], ts, strict=True)) and ts[-1] == 0.0  # never a rejected step
+    assert (res.nfe - 1) / 6 >= len(calls)  # 6 evaluations per attempted step, after the first
+    for _, t, x, _ in calls:  # each x is the accepted state at its time: x(t) = x1 exp(a (t - 1))
+        torch.testing.assert_close(x, x1 * math.exp(a * (t - 1)), rtol=1e-4, atol=1e-5)
+    assert torch.equal(calls[-1][2], res.x)
+
+
+@pytest.mark.parametrize("name", ["euler", "heun", "heun-first", "ancestral", "dopri5"])
+def test_an_x_prediction_models_last_step_lands_on_its_predicted_image(name):
+    """Below t = X_PRED_T_MIN the model clips t in v = (x - x0) / t; the samplers undo the clip, so a last
+    step from t = 1/32 to 0 returns the model's own x0 (its output), not a mix of it with x_t's noise."""
+    torch.manual_seed(0)
+    model = DiT(DiTConfig(img_size=8, in_channels=3, patch_size=4, dim=32, depth=1, n_heads=2, pred="x")).eval()
+    for p in model.parameters():
+        p.data.normal_(0, 0.05)
+    outputs = []  # the network's output image at each evaluation: the model's x0
+    model.velocity = lambda x, t, out, velocity=model.velocity: outputs.append(out) or velocity(x, t, out)
+    noise, y = torch.randn(2, 3, 8, 8), torch.tensor([0, 1])
+    opts = {"generator": torch.Generator().manual_seed(0)} if name == "ancestral" else {}
+    states = []
+    res = sample_with(name, model, noise, y, 32, on_step=lambda i, t, x, x0: states.append(x), **opts)
+    torch.testing.assert_close(res.x, outputs[-1], rtol=0, atol=1e-5)
+    if name == "dopri5":  # it crossed t < X_PRED_T_MIN in one step, where (x - x0) / t is too stiff to adapt to
+        assert len(states) < 32 and res.nfe == len(outputs)
+        return
+    x_s, s = states[-2], 1 / 32  # the clipped field's last step goes only s / X_PRED_T_MIN of the way
+    clipped = x_s + (s / X_PRED_T_MIN) * (outputs[-1] - x_s)
+    assert (clipped - res.x).abs().max() > 0.02  # the negative control (over 2 uint8 levels): the clipped field
+    with torch.no_grad():  # above the clip the field is the model's velocity as it is
+        t = torch.full((2,), 0.3)
+        torch.testing.assert_close(Velocity(model, y)(noise, 0.3), model(noise, t, y))
+
+
+def test_x_prediction_divides_by_t_in_float32_under_bf16():
+    model = DiT(DiTConfig(img_size=8, in_channels=3, patch_size=4, dim=32, depth=1, n_heads=2, pred="x"))
+    x, out = torch.randn(2, 3, 8, 8), torch.randn(2, 3, 8, 8).to(torch.bfloat16)  # out: as autocast makes it
+    t = torch.tensor([0.3, 0.7])
+    v = model.velocity(x, t, out)
+    assert v.dtype == torch.float32
+    torch.testing.assert_close(v, (x - out.float()) / t.view(-1, 1, 1, 1), rtol=1e-6, atol=1e-6)

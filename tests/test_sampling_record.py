@@ -167,16 +167,16 @@ def test_sweep_apply_records_the_best_within_the_budget_and_never_touches_the_we
 def test_the_run_sample_grids_draw_with_the_recorded_settings(tmp_path, monkeypatch):
     """What samples.png shows is what `tinydit sample` draws: the record's sampler, steps, guidance and
     interval, `sample_steps` and `sample_cfg` overriding theirs as `--steps` and `--cfg-scale` would."""
-    import tinydit.flow.settings as settings_module
+    import tinydit.train.diagnostics as diagnostics_module
 
     calls = []
-    real = settings_module.sample
+    real = diagnostics_module.sample
 
-    def spy(name, *args, **kw):  # sample(name, model, noise, y, steps, cfg_scale, **options)
-        calls.append((name, args[3], args[4], kw.get("cfg_interval")))
-        return real(name, *args, **kw)
+    def spy(settings, *args, **kw):  # sample(settings, model, noise, y, generator=..., on_step=...)
+        calls.append((settings.sampler, settings.steps, settings.cfg_scale, settings.cfg_interval))
+        return real(settings, *args, **kw)
 
-    monkeypatch.setattr(settings_module, "sample", spy)
+    monkeypatch.setattr(diagnostics_module, "sample", spy)
     trainer = Trainer(fast_config(tmp_path / "a", steps=1, sample_steps=None, sample_cfg=None), progress=False)
     trainer.sampling = HEUN
     trainer.fit()

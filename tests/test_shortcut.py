@@ -4,11 +4,10 @@ import math
 
 import pytest
 import torch
-from conftest import fast_config
+from conftest import fast_config, sample_with
 
 from tinydit.checkpoints.checkpoint import load_model
 from tinydit.cli import main
-from tinydit.flow.samplers import sample
 from tinydit.flow.shortcut import FINEST_STEP, LEVELS, n_self_consistency, shortcut_loss
 from tinydit.models.dit import DiT, DiTConfig
 from tinydit.train import Trainer
@@ -101,14 +100,14 @@ def test_euler_tells_a_shortcut_model_its_step_size_and_heun_asks_for_the_veloci
     noise, y = torch.randn(2, 3, 32, 32), torch.tensor([0, 1])
     for steps in (1, 2, 4):
         spy = Spy()
-        res = sample("euler", spy, noise, y, steps=steps, cfg_scale=1.0)
+        res = sample_with("euler", spy, noise, y, steps=steps, cfg_scale=1.0)
         assert res.nfe == steps and [c[1].tolist() for c in spy.calls] == [[1 / steps] * 2] * steps
         torch.testing.assert_close(res.x, noise - 0.3)  # a constant field, integrated over [0, 1]
     spy = Spy()
-    sample("euler", spy, noise, y, steps=2, cfg_scale=2.0)  # guided: one batched pass of 2N, d for both halves
+    sample_with("euler", spy, noise, y, steps=2, cfg_scale=2.0)  # guided: one batched pass of 2N, d for both halves
     assert [c[3] for c in spy.calls] == [4, 4] and spy.calls[0][1].tolist() == [0.5] * 4
     spy = Spy()
-    sample("heun", spy, noise, y, steps=2, cfg_scale=1.0)
+    sample_with("heun", spy, noise, y, steps=2, cfg_scale=1.0)
     assert all(c[1].abs().sum() == 0 for c in spy.calls)  # d = 0: the instantaneous velocity
 
 

@@ -47,6 +47,7 @@ from tinydit.flow.generate import generate, resolve_labels, resolve_prompts, sam
 from tinydit.flow.grids import GRID_NAMES
 from tinydit.flow.samplers import SAMPLER_NAMES
 from tinydit.flow.settings import SamplingSettings
+from tinydit.images import save_grid
 from tinydit.models.registry import preset_rows
 from tinydit.paths import check_not_shipped, check_out, read_paths
 from tinydit.runtime import autocast, maybe_compile, resolve_compile, resolve_device, resolve_precision
@@ -139,6 +140,9 @@ class Samples:
     path: Path | None  # where they were written, if ``out`` was given
     settings: SamplingSettings | None = None  # the sampler settings used; ``settings.note`` says why those
     device: torch.device | None = None  # where they were drawn (what `device` auto chose, where it was auto)
+    # with ``trajectory``: (steps, K, C, H, W), the first K images after each step (dopri5: each accepted one)
+    trajectory: torch.Tensor | None = None
+    trajectory_path: Path | None = None  # where its grid was written, if ``out`` was given
 
 
 def sampling_note(checkpoint: str | Path) -> str:
@@ -164,6 +168,7 @@ def sample(
     ema: bool = True,
     progress: bool = False,
     unconditional: bool = False,
+    trajectory: bool = False,
     **options,
 ) -> Samples:
     """Images from a checkpoint. Class models: ``n`` images (default 64) of ``classes`` (names or ids,
@@ -171,6 +176,10 @@ def sample(
     grid prompts), one grid row each. ``options``: the sampler's (grid, shift, cfg_interval, rtol, atol,
     eta). ``out``: FILE.png (a grid), FILE.npz or a folder of PNGs. ``unconditional``: images of no class
     or caption at all (the null label, the empty caption); an empty prompt is refused without it.
+    ``trajectory``: also keep the first ``TRAJECTORY_IMAGES`` images after every step, and with ``out``
+    write them as a grid beside it (``trajectory_path``, ``trajectory_file(out)``): a row per image, a
+    column per step from the noise on the left to the image on the right (at most ``TRAJECTORY_STEPS``
+    columns, evenly spaced, the last step always among them).
 
     Under torchrun every process samples its share of the images and rank 0 writes them (``tinydit.distributed``)."""
     _given(checkpoint=checkpoint, out=out)
@@ -191,13 +200,45 @@ def sample(
     forward = maybe_compile(model, resolve_compile(compile, device))
     known = (state.data.classes, tokenizer_of(state), state.data.prompts)
     y, labels, names, nrow = sample_conditions(str(checkpoint), *known, n, classes, prompts, unconditional, nrow)
+    states = []  # with ``trajectory``: the first images after every step
+
+    def keep(i: int, t: float, x: torch.Tensor, x0: torch.Tensor) -> None:
+        states.append(x[:TRAJECTORY_IMAGES].float().cpu())
+
     started = time.perf_counter()
     with autocast(device, precision):
-        res = generate(forward, y, settings, seed, progress=progress, world=world)
+        res = generate(forward, y, settings, seed, progress=progress, world=world, on_step=keep if trajectory else None)
+    seconds = time.perf_counter() - started
     x = res.x.float()
+    path = None
     if out is not None:
         write_samples(x, labels, out, names, nrow=nrow)
-    return Samples(x, labels, names, res.nfe, time.perf_counter() - started, out, settings, device)
+        if states:
+            path = write_trajectory(torch.stack(states), trajectory_file(out))
+    kept = torch.stack(states) if states else None
+    return Samples(x, labels, names, res.nfe, seconds, out, settings, device, kept, path)
+
+
+TRAJECTORY_IMAGES = 8  # images a trajectory keeps: its rows
+TRAJECTORY_STEPS = 16  # steps its picture shows at most: its columns
+
+
+def trajectory_file(out: str | Path) -> Path:
+    """Where ``sample(..., out=out, trajectory=True)`` draws the trajectory: beside ``out``, named after it
+    (samples.png -> samples_trajectory.png; a folder of PNGs DIR -> DIR_trajectory.png, outside the folder
+    that ``evaluate`` reads)."""
+    out = Path(out)
+    return out.parent / f"{out.stem}_trajectory.png"
+
+
+def write_trajectory(states: torch.Tensor, path: Path) -> Path:
+    """states (S, K, C, H, W), K images after each of S steps -> one grid at ``path``: a row per image, a
+    column per step (at most ``TRAJECTORY_STEPS``, evenly spaced, the last always)."""
+    steps = len(states)
+    shown = torch.linspace(0, steps - 1, min(steps, TRAJECTORY_STEPS)).round().long()  # (S',) step indices
+    picked = states[shown].transpose(0, 1)  # (K, S', C, H, W): a row per image
+    save_grid(picked.flatten(0, 1), path, nrow=len(shown))  # (K S', C, H, W)
+    return path
 
 
 def evaluate(

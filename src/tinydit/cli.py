@@ -69,6 +69,8 @@ FLAGS: dict[str, tuple[str | tuple[str, str], dict]] = {
     "atol": ("--atol", dict(type=float, help="dopri5's absolute tolerance; None: 1e-3")),
     "eta": ("--eta", dict(type=float, help="ancestral: fresh noise per step, 0 (Euler) to 1 (DDPM's); None: 1")),
     "seed": ("--seed", dict(type=int, default=0, help="the seed of the noise and of every other random draw")),
+    "trajectory": ("--trajectory", dict(action="store_true", help="also draw the first 8 images after every step, "
+                                        "a row each from noise to image, into OUT_trajectory.png beside --out")),
     "nrow": ("--nrow", dict(type=int, help="images per grid row (default: the number of classes; text models: --n, "
                                            "one row per prompt)")),
     "device": ("--device", dict(default="auto", help="auto (CUDA, else Apple's MPS, else the CPU) | cpu | cuda | "
@@ -117,7 +119,7 @@ MODEL_SOURCE = ("checkpoint", "pretrained")  # a tuple in a command's flags: one
 COMMANDS: dict[str, tuple[str, tuple, dict]] = {
     "sample": ("generate images from a checkpoint",
                (MODEL_SOURCE, "classes", "prompts", "n", "unconditional", "cfg_scale", *SAMPLER_FLAGS, "seed", "out",
-                "nrow", "device", "ema", "precision", "compile", "nproc"),
+                "nrow", "trajectory", "device", "ema", "precision", "compile", "nproc"),
                {"out": dict(required=False, default="samples.png",
                             help="FILE.png (a grid), FILE.npz or a directory of PNGs")}),
     "eval": ("FID, KID, precision/recall, class consistency and (shapes text runs) prompt adherence, offline",
@@ -211,6 +213,8 @@ def cmd_sample(args: argparse.Namespace) -> int:
         return 0
     cost = f"{res.settings.sampler}, {res.nfe:g} model evaluations per image, {res.seconds:.1f} s on {res.device}"
     print(f"{res.settings.note}\nwrote {len(res.x)} samples to {res.path} ({cost})", file=sys.stderr)
+    if res.trajectory_path is not None:
+        print(f"wrote their first images' trajectory to {res.trajectory_path}", file=sys.stderr)
     return 0
 
 

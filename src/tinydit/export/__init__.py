@@ -35,6 +35,7 @@ from tinydit.data.text import tokenizer_of
 from tinydit.errors import TinyDiTError
 from tinydit.files import atomic_write, ensure_writable_dir, read_lines, write_text
 from tinydit.models.attention import ATTENTION
+from tinydit.models.dit import X_PRED_T_MIN
 from tinydit.models.linear import LINEAR
 from tinydit.paths import check_out, read_paths
 
@@ -43,6 +44,9 @@ __all__ = ["FORMATS", "export", "metadata", "find_ort_web"]
 FORMATS = ("onnx", "pt2", "web", "safetensors")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # safetensors weights
 WEB = Path(__file__).parent / "web"  # index.html and sampler.js
+# What the exported samplers (ort_sampler.py, the page's sampler.js, each standalone with its own copy) run in
+# place of a recorded sampler with adaptive steps: a fixed-step one, with the recorded steps.
+STAND_IN = {"dopri5": "heun"}
 # The CPU (WebAssembly) build of onnxruntime-web: its script and the module and binary it loads.
 ORT_WEB_FILES = ("ort.wasm.min.js", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
 
@@ -73,6 +77,8 @@ def metadata(state: Checkpoint, model: nn.Module) -> dict:
         "shortcut": bool(c.shortcut),
         "time": "t = 0 is data, t = 1 is Gaussian noise; x_t = (1 - t) x0 + t noise; the model returns v = dx/dt",
         "null": "the label n_classes" if c.cond == "class" else "the empty caption: BOS (1), then PAD (0)",
+        # x-prediction: v = (x - x0) / max(t, x_pred_t_min); the samplers use (x - x0) / t below it, t > 0
+        "x_pred_t_min": X_PRED_T_MIN if getattr(c, "pred", "v") == "x" else None,
         "sampler": state.sampling_settings().to_json(),
         "data": state.data.name,
         "step": state.step,
@@ -222,6 +228,13 @@ def export(
         )
     model, state = load_model(checkpoint, ema=ema)
     meta = metadata(state, model)
+    recorded = meta["sampler"]["sampler"]
+    if fmt in ("onnx", "web") and recorded in STAND_IN:  # their samplers (ort_sampler, the page) take fixed steps
+        warnings.warn(
+            f"the checkpoint records the {recorded} sampler, whose adaptive steps the exported samplers do not "
+            f"take: they run {STAND_IN[recorded]} with its steps, guidance and interval instead",
+            stacklevel=2,
+        )
     # The portable kernels: plain matmuls (the oneDNN linear is an opaque custom operator) and attention
     # written out, which every runtime has.
     with LINEAR.use("blas"), ATTENTION.use("matmul"), torch.no_grad():

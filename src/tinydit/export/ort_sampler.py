@@ -2,13 +2,15 @@
 
 This file imports nothing of tinydit or torch, so it can be copied beside a ``model.onnx`` written by
 ``tinydit export --format onnx`` and used anywhere onnxruntime runs. It follows ``tinydit sample``
-exactly (the time convention t = 1 noise -> t = 0 data, Euler and Heun on the uniform grid, classifier-
-free guidance inside an interval of t), so from the same initial noise it draws the same images, to
-within float rounding (tests/test_export.py checks one uint8 level). Its ancestral sampler does the same
-given the same noise at every step (``fresh``).
+exactly (the time convention t = 1 noise -> t = 0 data; every fixed-step sampler: euler, heun, midpoint,
+heun-first and ancestral; the uniform or the shifted time grid; classifier-free guidance inside an
+interval of t), so from the same initial noise it draws the same images, to within float rounding
+(tests/test_export.py checks one uint8 level). Its ancestral sampler does the same given the same noise
+at every step (``fresh``). For dopri5, whose adaptive steps it does not take, it runs ``STAND_IN``.
 
     sampler = OnnxSampler("model.onnx")
     x = sampler.sample(noise, y, steps=16, cfg_scale=2.0, sampler="heun", cfg_interval=(0.1, 0.8))
+    x = sampler.sample(noise, y, **sampler.recorded())   # the settings the checkpoint records
     # noise: float32 (N, C, H, W); y: int64 labels (N,) or caption ids (N, L) (sampler.encode(prompts))
 """
 
@@ -20,10 +22,26 @@ import re
 import numpy as np
 import onnxruntime as ort
 
-__all__ = ["OnnxSampler", "to_uint8"]
+__all__ = ["OnnxSampler", "to_uint8", "time_grid", "SAMPLERS", "STAND_IN"]
 
 _WORD = re.compile(r"[a-z0-9]+(?:['-][a-z0-9]+)*")  # the tokenizer's words (tinydit.tokens)
 PAD, BOS, UNK = 0, 1, 2
+SAMPLERS = ("euler", "heun", "midpoint", "heun-first", "ancestral")  # tinydit.flow.solvers' fixed-step ones
+STAND_IN = {"dopri5": "heun"}  # run in place of a recorded sampler with adaptive steps, with its steps
+DEFAULT_SHIFT = 3.0  # tinydit.flow.grids.DEFAULT_SHIFT, SD3's
+
+
+def time_grid(steps: int, grid: str = "uniform", shift: float | None = None) -> np.ndarray:
+    """The times (steps + 1,) float64 from 1 to 0 exactly, as tinydit.flow.grids.time_grid: equal steps, or
+    the shifted grid t' = s t / (1 + (s - 1) t) (SD3), short steps near the noise."""
+    ts = np.linspace(1.0, 0.0, steps + 1)
+    if grid == "shifted":
+        s = DEFAULT_SHIFT if shift is None else shift
+        ts = s * ts / (1 + (s - 1) * ts)
+    elif grid != "uniform":
+        raise ValueError(f"grid {grid!r}: use uniform or shifted")
+    ts[0], ts[-1] = 1.0, 0.0
+    return ts
 
 
 def to_uint8(x: np.ndarray) -> np.ndarray:
@@ -57,17 +75,30 @@ class OnnxSampler:
         empty[:, 0] = BOS
         return empty
 
+    def recorded(self) -> dict:
+        """The sampler settings the checkpoint records, as keywords of ``sample`` (dopri5 replaced by its
+        ``STAND_IN``, with the recorded steps, guidance and interval)."""
+        r = self.meta["sampler"]
+        sampler = STAND_IN.get(r["sampler"], r["sampler"])
+        out = dict(steps=r["steps"], cfg_scale=r["cfg_scale"], sampler=sampler, cfg_interval=r.get("cfg_interval"))
+        out |= dict(grid=r.get("grid") or "uniform", shift=r.get("shift"))
+        return out | ({"eta": 1.0 if r.get("eta") is None else r["eta"]} if sampler == "ancestral" else {})
+
     def velocity(
         self, x: np.ndarray, t: float, y: np.ndarray, cfg_scale: float, guided: bool, d: float = 0.0
     ) -> np.ndarray:
         """v at time t for x (N, C, H, W); guided: v_uncond + s (v_cond - v_uncond) in one batch of 2N.
-        ``d``: the step a shortcut model is told it will take (0: the instantaneous velocity)."""
+        ``d``: the step a shortcut model is told it will take (0: the instantaneous velocity). An
+        x-prediction model's clip of t is undone as tinydit.flow.guidance.unclipped_scale undoes it."""
         n = x.shape[0]
         if not guided or cfg_scale == 1.0:
-            return self._v(x, np.full(n, t, np.float32), y, d)
-        v = self._v(np.concatenate([x, x]), np.full(2 * n, t, np.float32), np.concatenate([y, self.null(y)]), d)
-        v_cond, v_uncond = v[:n], v[n:]
-        return v_uncond + np.float32(cfg_scale) * (v_cond - v_uncond)
+            v = self._v(x, np.full(n, t, np.float32), y, d)
+        else:
+            v = self._v(np.concatenate([x, x]), np.full(2 * n, t, np.float32), np.concatenate([y, self.null(y)]), d)
+            v_cond, v_uncond = v[:n], v[n:]
+            v = v_uncond + np.float32(cfg_scale) * (v_cond - v_uncond)
+        t_min = self.meta.get("x_pred_t_min")  # None: a velocity model (or an export from before the key)
+        return v * np.float32(t_min / t) if t_min and 0.0 < t < t_min else v
 
     @staticmethod
     def _ancestral_step(x, v, t, t_next, eta, fresh, i):
@@ -98,34 +129,51 @@ class OnnxSampler:
         on_step=None,
         eta: float = 1.0,
         fresh=None,
+        grid: str | None = None,
+        shift: float | None = None,
     ) -> np.ndarray:
-        """From noise (N, C, H, W) at t = 1 to images at t = 0. ``on_step(i, x)`` sees every step.
+        """From noise (N, C, H, W) at t = 1 to images at t = 0 with ``sampler`` (one of ``SAMPLERS``) on
+        ``steps`` of the time grid ``grid`` (None: the grid the checkpoint records, and its shift).
+
+        ``on_step(i, t, x, x0)`` sees every step, as in tinydit.flow.solvers: x at the time t it reached,
+        x0 = x_s - s v the clean image the step predicted from where it began.
 
         ``ancestral`` (DDIM's eta family on the straight path, as ``tinydit.flow.samplers.ancestral``) draws
         fresh noise at every step but the last: ``fresh(i)`` returns step i's (N, C, H, W) normal noise
         (default: numpy's, seeded 0). Its noise is not torch's, so it draws other images than ``tinydit
         sample`` from the same initial noise; at eta 0 it is Euler."""
-        if sampler not in ("euler", "heun", "ancestral"):
-            raise ValueError(f"sampler {sampler!r}: this sampler runs euler, heun or ancestral")
+        if sampler not in SAMPLERS:
+            instead = f"; for {sampler} use {STAND_IN[sampler]}" if sampler in STAND_IN else ""
+            raise ValueError(f"sampler {sampler!r}: this sampler runs {', '.join(SAMPLERS)}{instead}")
+        if grid is None:
+            record = self.meta["sampler"]
+            grid, shift = record.get("grid") or "uniform", record.get("shift") if shift is None else shift
         if fresh is None:
             rng = np.random.default_rng(0)
             fresh = lambda i: rng.standard_normal(noise.shape).astype(np.float32)  # noqa: E731
         lo, hi = (0.0, 1.0) if cfg_interval is None else cfg_interval
-        ts = np.linspace(1.0, 0.0, steps + 1)  # the uniform grid, float64 as in tinydit.flow.grids
-        ts[0], ts[-1] = 1.0, 0.0
+
+        def f(x, t, d=0.0):  # the guided field, guided inside [lo, hi]
+            return self.velocity(x, t, y, cfg_scale, lo <= t <= hi, d)
+
+        ts = time_grid(steps, grid, shift)
         x = noise.astype(np.float32)
         for i, (t, t_next) in enumerate(zip(ts[:-1], ts[1:], strict=True)):
             t, t_next = float(t), float(t_next)
             dt = t_next - t
-            v = self.velocity(x, t, y, cfg_scale, lo <= t <= hi, d=-dt if sampler == "euler" else 0.0)
-            x_pred = x + np.float32(dt) * v
+            euler = sampler == "euler" or (sampler == "heun-first" and t != 1.0)  # heun-first: Heun at t = 1 only
+            v = f(x, t, d=-dt if euler else 0.0)  # a shortcut model is told an Euler step's size
+            x_pred = x + np.float32(dt) * v  # the Euler step
             if sampler == "ancestral":
-                x = self._ancestral_step(x, v, t, t_next, eta, fresh, i)
-            elif sampler == "heun" and t_next > 0:  # the trapezoidal corrector; the last step stays Euler
-                v2 = self.velocity(x_pred, t_next, y, cfg_scale, lo <= t_next <= hi)
-                x = x + np.float32(dt) * np.float32(0.5) * (v + v2)
+                x_next = self._ancestral_step(x, v, t, t_next, eta, fresh, i)
+            elif sampler == "midpoint":
+                x_mid = x + np.float32(0.5 * dt) * v
+                x_next = x + np.float32(dt) * f(x_mid, t + 0.5 * dt)
+            elif not euler and t_next > 0:  # heun's trapezoidal corrector; a last step to t = 0 stays Euler
+                x_next = x + np.float32(dt) * np.float32(0.5) * (v + f(x_pred, t_next))
             else:
-                x = x_pred
+                x_next = x_pred
             if on_step is not None:
-                on_step(i, x)
+                on_step(i, t_next, x_next, x - np.float32(t) * v)
+            x = x_next
         return x

@@ -10,7 +10,7 @@ from torch import nn
 from tinydit.data.text import Tokenizer
 from tinydit.distributed import SINGLE, World
 from tinydit.errors import TinyDiTError
-from tinydit.flow.samplers import SampleResult
+from tinydit.flow.samplers import OnStep, SampleResult, sample
 from tinydit.flow.settings import SamplingSettings
 from tinydit.progress import Progress
 
@@ -32,9 +32,11 @@ def generate(
     *,
     progress: bool = False,
     world: World = SINGLE,
+    on_step: OnStep | None = None,
 ) -> SampleResult:
     """Samples for labels y (N,) or caption ids (N, L), in batches, as ``settings`` say (checked when they
-    were built).
+    were built). ``on_step(i, t, x, x0)`` (``tinydit.flow.solvers``) sees every step of the first batch:
+    the first ``batch_size`` images (of this process's share).
 
     The noise for all N images is drawn first from one generator seeded with ``seed``, so with a
     fixed-step sampler image i does not depend on the batch size, and the same seed gives the same
@@ -64,7 +66,8 @@ def generate(
     bar = Progress(len(y), "sample", unit="image", enabled=progress and world.main)
     for i in range(0, len(y), batch_size):
         x1, yb = noise[i : i + batch_size].to(device), y[i : i + batch_size].to(device)
-        res = settings.run(model, x1, yb, gen)  # the ancestral sampler's fresh noise: the same stream, on
+        # gen: the ancestral sampler's fresh noise, one stream batch after batch
+        res = sample(settings, model, x1, yb, generator=gen, on_step=on_step if i == 0 else None)
         out.append(res.x.cpu())
         evals += res.nfe * len(yb)
         bar.update(len(yb))

@@ -32,8 +32,8 @@ from tinydit.errors import TinyDiTError
 from tinydit.flow.distill import KNOTS, distill_loss
 from tinydit.flow.meanflow import MEANFLOW_CFG, TIME_SCALE, FoldedGuidance, check_jvp, draw_interval, meanflow_loss
 from tinydit.flow.path import flow_loss
-from tinydit.flow.samplers import FIXED_STEP_SAMPLERS
 from tinydit.flow.shortcut import FINEST_STEP, n_self_consistency, shortcut_loss
+from tinydit.flow.solvers import FIXED_STEP_SAMPLERS
 
 __all__ = [
     "StepBatch",

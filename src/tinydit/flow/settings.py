@@ -6,7 +6,7 @@ the sampler that runs them.
     checkpoint.sampling_settings()                              what a checkpoint records (or would, if old)
     settings.with_flags(steps=8)                                the flags given win, the rest as recorded
     settings.to_json()                                          the checkpoint's ``sampling`` record
-    settings.run(model, noise, y)                               sample from given noise with them
+    tinydit.flow.samplers.sample(settings, model, noise, y)     sample from given noise with them, unchecked
 
 The measured settings a new run records are data (``sampling_records.json`` beside this module, package
 data), read and checked by one function, so a new measurement changes no code. A new run records those of
@@ -19,18 +19,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import operator
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-from torch import nn
-
 from tinydit.data.registry import BUILTIN_DATASETS
 from tinydit.errors import TinyDiTError
-from tinydit.flow.grids import DEFAULT_SHIFT
+from tinydit.flow.grids import DEFAULT_SHIFT, check_grid
 from tinydit.flow.objectives import DEFAULT_OBJECTIVE, objective_named
-from tinydit.flow.samplers import DEFAULT_ETA, DEFAULT_TOL, SampleResult, check_sampler_args, sample
+from tinydit.flow.solvers import DEFAULT_ETA, DEFAULT_TOL, SAMPLER_NAMES
 from tinydit.models.presets import MODEL_CONDS, MODEL_PRESETS
 from tinydit.schema import check_fields
 
@@ -86,7 +84,34 @@ class SamplingSettings:
             object.__setattr__(self, "grid", "uniform")
         if not isinstance(self.source, str):
             raise TinyDiTError(f"`source` must say where the settings came from, got {self.source!r}")
-        check_sampler_args(**self.sampler_args())
+        self._check()
+
+    def _check(self) -> None:
+        """Raise TinyDiTError for any setting a sampler cannot run with: the one check of a sampler's
+        settings, before any work is done (the samplers take them as they are)."""
+        if self.sampler not in SAMPLER_NAMES:
+            raise TinyDiTError(f"unknown sampler {self.sampler!r}: use one of {', '.join(SAMPLER_NAMES)}")
+        if self.steps < 1:
+            raise TinyDiTError(f"`steps` must be >= 1, got {self.steps}")
+        if not (math.isfinite(self.cfg_scale) and self.cfg_scale >= 0):  # also refuses NaN and inf
+            raise TinyDiTError(
+                f"`cfg_scale` (the guidance scale) must be >= 0, 1 = off, and finite; got {self.cfg_scale}"
+            )
+        check_grid(self.grid, self.shift)
+        if self.cfg_interval is not None:
+            lo, hi = self.cfg_interval
+            if not 0 <= lo <= hi <= 1:
+                raise TinyDiTError(f"`cfg_interval` LO HI needs 0 <= LO <= HI <= 1 (times, 1 = noise), got {lo} {hi}")
+        for name in ("rtol", "atol"):
+            tol = getattr(self, name)
+            if tol is not None and self.sampler != "dopri5":
+                raise TinyDiTError(f"`{name}` applies to the adaptive sampler only; add `sampler` dopri5")
+            if tol is not None and not (math.isfinite(tol) and tol > 0):
+                raise TinyDiTError(f"`{name}` must be a positive number such as 1e-3, got {tol}")
+        if self.eta is not None and self.sampler != "ancestral":
+            raise TinyDiTError("`eta` applies to the stochastic sampler only; add `sampler` ancestral")
+        if self.eta is not None and not 0 <= self.eta <= 1:
+            raise TinyDiTError(f"`eta` must be in [0, 1] (0: deterministic, as Euler; 1: DDPM's noise), got {self.eta}")
 
     @classmethod
     def from_json(cls, record: dict) -> SamplingSettings:
@@ -117,22 +142,9 @@ class SamplingSettings:
         out["cfg_interval"] = list(self.cfg_interval) if self.cfg_interval is not None else None
         return {**out, "source": self.source}
 
-    def sampler_args(self) -> dict:
-        """The keywords of ``tinydit.flow.samplers.sample`` and ``check_sampler_args``: every setting, the
-        interval a tuple."""
-        return {k: getattr(self, k) for k in SAMPLING_KEYS}
-
     def options(self) -> dict:
         """The sampler's options beyond its name, steps and guidance scale, the unset ones left out."""
         return {k: getattr(self, k) for k in SAMPLING_KEYS[3:] if getattr(self, k) is not None}
-
-    def run(
-        self, model: nn.Module, noise: torch.Tensor, y: torch.Tensor, generator: torch.Generator | None = None
-    ) -> SampleResult:
-        """Sample from ``noise`` (N, C, H, W) at t = 1 for conditions ``y`` with these settings
-        (``tinydit.flow.samplers.sample``); ``generator`` (CPU) draws the ancestral sampler's fresh noise."""
-        extra = {"generator": generator} if self.sampler == "ancestral" else {}
-        return sample(self.sampler, model, noise, y, self.steps, self.cfg_scale, **self.options(), **extra)
 
     def filled(self) -> SamplingSettings:
         """The same settings with the sampler's defaults written in where they apply (for reports)."""

@@ -23,6 +23,7 @@ from tinydit.errors import TinyDiTError
 from tinydit.flow import distill
 from tinydit.flow.generate import class_cycle
 from tinydit.flow.path import N_T_BINS, flow_loss, sample_t, t_bins
+from tinydit.flow.samplers import sample
 from tinydit.flow.settings import SamplingSettings
 from tinydit.images import save_grid
 from tinydit.train.data import RunData
@@ -104,7 +105,7 @@ def sample_grid(
         y, nrow = class_cycle(per_class * config.n_classes, config.n_classes, device), config.n_classes
     noise = torch.randn(len(y), config.in_channels, config.img_size, config.img_size, generator=noise_gen)
     # the ancestral sampler's fresh noise: the same stream, after the starting noise
-    x = settings.run(forward, noise.to(device), y, noise_gen).x.cpu()  # (n, C, H, W)
+    x = sample(settings, forward, noise.to(device), y, generator=noise_gen).x.cpu()  # (n, C, H, W)
     for path in paths:
         path.parent.mkdir(exist_ok=True)
         save_grid(x, path, nrow=nrow)

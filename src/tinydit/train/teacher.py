@@ -85,14 +85,7 @@ def teacher_paths(
     for i in range(0, n, batch_size):
         with autocast_ctx() if autocast_ctx is not None else nullcontext():
             path, nfe = sample_path(
-                settings.sampler,
-                teacher,
-                noise[i : i + batch_size].to(device),
-                y[i : i + batch_size].to(device),
-                KNOTS,
-                settings.steps // KNOTS,
-                settings.cfg_scale,
-                cfg_interval=settings.cfg_interval,
+                settings, teacher, noise[i : i + batch_size].to(device), y[i : i + batch_size].to(device), KNOTS
             )
         states[i : i + batch_size] = path.transpose(0, 1).float().cpu().to(torch.float16)  # (b, KNOTS + 1, C, H, W)
         bar.update(len(path[0]))

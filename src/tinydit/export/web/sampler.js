@@ -1,9 +1,22 @@
-// TinyDiT's sampler in the browser: Euler, Heun or ancestral on the uniform time grid, guidance in an interval,
-// the model (model.onnx) run by onnxruntime-web. It follows tinydit.export.ort_sampler step for step.
+// TinyDiT's sampler in the browser: every fixed-step sampler of tinydit (euler, heun, midpoint, heun-first,
+// ancestral) on the uniform or the shifted time grid, guidance in an interval, the model (model.onnx) run by
+// onnxruntime-web. It follows tinydit.export.ort_sampler step for step.
 // Test mode, index.html?test=case.json: the initial noise and settings come from the file, and the
 // result is posted back to /result (the test's server) instead of only being drawn.
 "use strict";
 const PAD = 0, BOS = 1, UNK = 2;
+const PAGE_SAMPLERS = ["euler", "heun", "midpoint", "heun-first", "ancestral"];
+const STAND_IN = { dopri5: "heun" };  // run in place of a recorded sampler with adaptive steps (tinydit.export)
+const DEFAULT_SHIFT = 3;  // tinydit.flow.grids.DEFAULT_SHIFT, SD3's
+
+function timeGrid(steps, grid, shift) {  // (steps + 1) times from 1 to 0 exactly, as tinydit.flow.grids
+  const s = shift ?? DEFAULT_SHIFT, ts = [];
+  for (let i = 0; i <= steps; i++) {
+    const t = 1 - i / steps;
+    ts.push(i === 0 ? 1 : i === steps ? 0 : grid === "shifted" ? s * t / (1 + (s - 1) * t) : t);
+  }
+  return ts;
+}
 const $ = (id) => document.getElementById(id);
 const errors = [];
 window.addEventListener("error", (e) => errors.push(String(e.message || e)));
@@ -48,33 +61,47 @@ class Sampler {
   }
 
   async velocity(x, t, y, null_, scale, guided, d) {
-    if (!guided || scale === 1) return this.v(x, t, y, d);
-    const both = new Float32Array(2 * x.length); both.set(x); both.set(x, x.length);
-    const ys = new BigInt64Array(2 * y.length); ys.set(y); ys.set(null_, y.length);
-    const v = await this.v(both, t, ys, d), n = x.length, out = new Float32Array(n), s = Math.fround(scale);
-    for (let i = 0; i < n; i++) out[i] = Math.fround(v[n + i] + Math.fround(s * Math.fround(v[i] - v[n + i])));
-    return out;
+    let out;
+    if (!guided || scale === 1) {
+      out = await this.v(x, t, y, d);
+    } else {
+      const both = new Float32Array(2 * x.length); both.set(x); both.set(x, x.length);
+      const ys = new BigInt64Array(2 * y.length); ys.set(y); ys.set(null_, y.length);
+      const v = await this.v(both, t, ys, d), n = x.length, s = Math.fround(scale);
+      out = new Float32Array(n);
+      for (let i = 0; i < n; i++) out[i] = Math.fround(v[n + i] + Math.fround(s * Math.fround(v[i] - v[n + i])));
+    }
+    // An x-prediction model clips t at x_pred_t_min in v = (x - x0) / t; the samplers use the path's own
+    // (x - x0) / t below it (tinydit.flow.guidance.unclipped_scale), so a last step lands on x0.
+    const tMin = this.meta.x_pred_t_min;
+    if (!tMin || !(t > 0 && t < tMin)) return out;
+    const k = Math.fround(tMin / t);
+    return out.map((vi) => Math.fround(vi * k));
   }
 
   // fresh(i): step i's normal noise for the ancestral sampler (eta 1: DDPM's posterior noise, 0: Euler).
-  async sample(noise, y, null_, { steps, cfg, sampler, interval, eta = 1, fresh }, onStep) {
-    const [lo, hi] = interval || [0, 1];
+  // onStep(i, t, x, ms): after step i, x at the time t it reached.
+  async sample(noise, y, null_, { steps, cfg, sampler, interval, eta = 1, fresh, grid = "uniform", shift }, onStep) {
+    if (!PAGE_SAMPLERS.includes(sampler)) throw new Error(`this page does not run the ${sampler} sampler`);
+    const [lo, hi] = interval || [0, 1], ts = timeGrid(steps, grid, shift);
+    const f = (x, t, d) => this.velocity(x, t, y, null_, cfg, cfg !== 1 && lo <= t && t <= hi, d);
+    const axpy = (x, a, v) => x.map((xi, k) => Math.fround(xi + Math.fround(a * v[k])));  // x + a v, in float32
     let x = Float32Array.from(noise);
     for (let i = 0; i < steps; i++) {
-      const t = i === 0 ? 1 : 1 - i / steps, tNext = i + 1 === steps ? 0 : 1 - (i + 1) / steps;
-      const dt = Math.fround(tNext - t), started = performance.now();
-      const v = await this.velocity(x, t, y, null_, cfg, cfg !== 1 && lo <= t && t <= hi, sampler === "euler" ? -dt : 0);
-      const pred = x.map((xi, k) => Math.fround(xi + Math.fround(dt * v[k])));
+      const t = ts[i], tNext = ts[i + 1], started = performance.now();
+      const dt = tNext - t, euler = sampler === "euler" || (sampler === "heun-first" && t !== 1);
+      const v = await f(x, t, euler ? -dt : 0);  // a shortcut model is told an Euler step's size
       if (sampler === "ancestral") {
         x = ancestralStep(x, v, t, tNext, eta, tNext > 0 ? fresh(i) : null);
-      } else if (sampler === "heun" && tNext > 0) {
-        const v2 = await this.velocity(pred, tNext, y, null_, cfg, cfg !== 1 && lo <= tNext && tNext <= hi, 0);
-        const half = Math.fround(dt * 0.5);
+      } else if (sampler === "midpoint") {
+        x = axpy(x, Math.fround(dt), await f(axpy(x, Math.fround(0.5 * dt), v), t + 0.5 * dt, 0));
+      } else if (!euler && tNext > 0) {  // heun's trapezoidal corrector; a last step to t = 0 stays Euler
+        const v2 = await f(axpy(x, Math.fround(dt), v), tNext, 0), half = Math.fround(Math.fround(dt) * 0.5);
         x = x.map((xi, k) => Math.fround(xi + Math.fround(half * Math.fround(v[k] + v2[k]))));
       } else {
-        x = pred;
+        x = axpy(x, Math.fround(dt), v);
       }
-      if (onStep) await onStep(i, x, performance.now() - started);
+      if (onStep) await onStep(i, tNext, x, performance.now() - started);
     }
     return x;
   }
@@ -107,25 +134,26 @@ function draw(meta, x) {
   $("canvas").getContext("2d").putImageData(img, 0, 0);
 }
 
-const PAGE_SAMPLERS = ["euler", "heun", "ancestral"];
-
 // The controls' first values: the sampler settings the checkpoint records (tinydit sample's defaults), with
-// Euler in place of a recorded sampler this page does not run (its steps, guidance and interval kept).
+// the stand-in for a recorded sampler with adaptive steps (its steps, guidance, interval and grid kept).
 function pageDefaults(record) {
   const [lo, hi] = record.cfg_interval || [0, 1];
-  const sampler = PAGE_SAMPLERS.includes(record.sampler) ? record.sampler : "euler";
-  return { sampler, steps: record.steps, cfg: record.cfg_scale, lo, hi, eta: record.eta ?? 1 };
+  const sampler = STAND_IN[record.sampler] ?? record.sampler;
+  const grid = record.grid || "uniform";
+  return { sampler, steps: record.steps, cfg: record.cfg_scale, lo, hi, eta: record.eta ?? 1, grid,
+           shift: record.shift ?? DEFAULT_SHIFT };
 }
 
 function recordNote(record) {
-  if (PAGE_SAMPLERS.includes(record.sampler)) return "";
-  return `The checkpoint records the ${record.sampler} sampler, which this page does not run: it starts from ` +
-    "Euler with the recorded steps, guidance and interval, which draws less well.";
+  if (!(record.sampler in STAND_IN)) return "";
+  return `The checkpoint records the ${record.sampler} sampler, whose adaptive steps this page does not take: ` +
+    `it runs ${STAND_IN[record.sampler]} with the recorded steps, guidance and interval instead.`;
 }
 
 function controls() {
   return { sampler: $("sampler").value, steps: +$("steps").value, cfg: +$("cfg").value,
-           interval: [+$("lo").value, +$("hi").value], eta: +$("eta").value };
+           interval: [+$("lo").value, +$("hi").value], eta: +$("eta").value, grid: $("grid").value,
+           shift: +$("shift").value };
 }
 
 async function main() {
@@ -153,7 +181,7 @@ async function main() {
     const c = await (await fetch(test)).json();
     const [y, null_] = condition(c.prompt, c.label);
     const fresh = (i) => Float32Array.from(c.fresh[i]);
-    const x = await sampler.sample(Float32Array.from(c.noise), y, null_, { ...c, fresh }, (i, xi) => draw(meta, xi));
+    const x = await sampler.sample(Float32Array.from(c.noise), y, null_, { ...c, fresh }, (i, t, xi) => draw(meta, xi));
     const body = { pixels: Array.from(toBytes(x)), defaults: controls(), errors };
     await fetch("/result", { method: "POST", body: JSON.stringify(body) });
     return;
@@ -166,7 +194,7 @@ async function main() {
     const seed = +$("seed").value, n = meta.image.channels * size * size, noise = gaussian(seed, n);
     settings.fresh = (i) => gaussian(seed + 1000003 * (i + 1), n);  // the ancestral steps' noise, per seed
     let total = 0;
-    await sampler.sample(noise, y, null_, settings, async (i, x, ms) => {
+    await sampler.sample(noise, y, null_, settings, async (i, t, x, ms) => {
       total += ms; draw(meta, x);
       $("status").textContent = `step ${i + 1}/${settings.steps}: ${ms.toFixed(0)} ms (${total.toFixed(0)} ms in all)`;
       await new Promise(requestAnimationFrame);  // let the canvas show this step
