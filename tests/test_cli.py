@@ -330,3 +330,54 @@ def test_a_path_with_spaces_stays_a_path(tmp_path, capsys, tiny_run):
     out = tmp_path / "my samples" / "a b.png"
     code, err = run(["sample", "--checkpoint", tiny_run[0], "--n", 2, "--steps", 1, "--out", out], capsys)
     assert code == 0 and out.is_file(), err
+
+
+# What each command hands its API function: every flag it defines (a list flag of sweep, parsed), by name.
+CALLED = {"sample": "sample", "eval": "evaluate", "sweep": "sweep", "export": "export"}
+NOT_PASSED = {"func", "command", "argv", "pretrained", "nproc"}  # the CLI's own, or read before the call
+
+
+@pytest.mark.parametrize("command", sorted(CALLED))
+def test_every_flag_of_a_command_reaches_its_api_call(command, monkeypatch):
+    """The CLI calls the API explicitly: each flag's value, whatever it is, arrives in the call (a flag left
+    out of a ``cmd_*`` call fails here), and no argument arrives that no flag gave."""
+    from tinydit import api, cli
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    dests = {a.dest for a in sub._actions if a.dest != "help"} - NOT_PASSED
+    args = argparse.Namespace(command=command, argv=[command], pretrained=None, nproc=None, func=None)
+    marks = {dest: object() for dest in dests}  # a value no default could equal
+    lists = {"samplers": "euler", "steps": "4", "cfg_scales": "1", "tols": "1e-3"} if command == "sweep" else {}
+    vars(args).update({**marks, **lists})
+    seen = {}
+
+    def record(*given, **kw):
+        seen.update(kw, positional=given)
+        raise SystemExit  # the call is all this test needs
+
+    monkeypatch.setattr(api, CALLED[command], record)
+    with pytest.raises(SystemExit):
+        getattr(cli, f"cmd_{command}")(args)
+    arrived = [*seen.pop("positional"), *seen.values()]
+    missing = sorted(d for d, mark in marks.items() if d not in lists and not any(v is mark for v in arrived))
+    assert missing == []
+    for name, text in lists.items():  # parsed into lists of their kind
+        assert seen[name] and all(not isinstance(v, str) or name == "samplers" for v in seen[name])
+    extra = set(seen) - dests - {"command", "progress", "data_root", *lists}
+    assert extra == set(), extra
+
+
+def test_the_flag_check_fails_when_a_flag_is_dropped(monkeypatch):
+    """The negative control: a cmd_export that forgets --about is caught."""
+    from tinydit import api, cli
+
+    real = cli.cmd_export
+
+    def forgetful(args):
+        args.about = None
+        return real(args)
+
+    monkeypatch.setattr(cli, "cmd_export", forgetful)
+    with pytest.raises(AssertionError):
+        test_every_flag_of_a_command_reaches_its_api_call("export", monkeypatch)

@@ -12,16 +12,15 @@
 
 Several processes: ``torchrun --nproc_per_node N -m tinydit -- train|sample|eval ...``, or ``--nproc N``.
 
-The CLI is tables: the train flags are ``TrainConfig``'s fields (``tinydit.flags``), the other commands'
+The flags are tables: the train flags are ``TrainConfig``'s fields (``tinydit.flags``), the other commands'
 flags are ``FLAGS``, each named as the ``tinydit.api`` parameter it sets, and ``COMMANDS`` lists each
-command's. A library error names its parameter (`steps`); ``main`` prints the flag (--steps), one line,
-exit status 2.
+command's; each ``cmd_*`` calls its API function with every flag by name. A library error names its
+parameter (`steps`); ``main`` prints the flag (--steps), one line, exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import shlex
@@ -183,18 +182,28 @@ def _add_command(sub, name: str) -> None:
     p.set_defaults(func=globals()[f"cmd_{name}"])
 
 
-def _call(fn, args: argparse.Namespace, **given):
-    """``fn`` of ``tinydit.api`` with every flag named as one of its parameters (every flag of the command
-    where it passes the others on), the checkpoint the command reads, and ``given``."""
-    params = inspect.signature(fn).parameters
-    passes_on = any(p.kind is p.VAR_KEYWORD for p in params.values())
-    cli_only = ("func", "argv", "command", "pretrained", "nproc")
-    kw = {k: v for k, v in vars(args).items() if k in params or (passes_on and k not in cli_only)}
-    if "checkpoint" in kw:  # --checkpoint, or the folder of --pretrained NAME
-        # "" names a model too (a blank one, which the library refuses): only None is --pretrained not given
-        named = getattr(args, "pretrained", None) is not None
-        kw["checkpoint"] = api.pretrained(args.pretrained) if named else args.checkpoint
-    return fn(**{**kw, **given})
+def _model(args: argparse.Namespace) -> str | None:
+    """The model a command reads: --checkpoint, or the folder of --pretrained NAME (None: neither, as eval
+    --samples)."""
+    # "" names a model too (a blank one, which the library refuses): only None is --pretrained not given
+    if getattr(args, "pretrained", None) is not None:
+        return api.pretrained(args.pretrained)
+    return args.checkpoint
+
+
+def _sampling(args: argparse.Namespace) -> dict:
+    """The sampler flags, each as the ``tinydit.api`` parameter of its name (None: the recorded setting)."""
+    return dict(
+        sampler=args.sampler,
+        steps=args.steps,
+        cfg_scale=args.cfg_scale,
+        grid=args.grid,
+        shift=args.shift,
+        cfg_interval=args.cfg_interval,
+        rtol=args.rtol,
+        atol=args.atol,
+        eta=args.eta,
+    )
 
 
 def _command(args: argparse.Namespace) -> str:
@@ -208,7 +217,23 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
-    res = _call(api.sample, args, progress=True)
+    res = api.sample(
+        _model(args),
+        args.n,
+        args.classes,
+        args.prompts,
+        unconditional=args.unconditional,
+        **_sampling(args),
+        seed=args.seed,
+        out=args.out,
+        nrow=args.nrow,
+        trajectory=args.trajectory,
+        device=args.device,
+        ema=args.ema,
+        precision=args.precision,
+        compile=args.compile,
+        progress=True,
+    )
     if distributed.rank():  # rank 0 alone reports
         return 0
     cost = f"{res.settings.sampler}, {res.nfe:g} model evaluations per image, {res.seconds:.1f} s on {res.device}"
@@ -219,7 +244,23 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    metrics = _call(api.evaluate, args, command=_command(args), progress=True)
+    metrics = api.evaluate(
+        _model(args),
+        args.samples,
+        out=args.out,
+        data=args.data,
+        n=args.n,
+        **_sampling(args),
+        seed=args.seed,
+        split=args.split,
+        data_root=args.data_root,
+        device=args.device,
+        inception=args.inception,
+        inception_weights=args.inception_weights,
+        cache_dir=args.cache_dir,
+        command=_command(args),
+        progress=True,
+    )
     if distributed.rank():  # rank 0 alone reports
         return 0
     print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, dict)}, indent=2))
@@ -231,7 +272,26 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     kinds = {"samplers": str, "steps": int, "cfg_scales": float, "tols": float}  # comma-separated lists
     # an error names the parameter in backticks, which main() prints as its flag
     lists = {name: parse_list(getattr(args, name), kind, f"`{name}`") for name, kind in kinds.items()}
-    rows = _call(api.sweep, args, command=_command(args), **lists)
+    rows = api.sweep(
+        args.checkpoint,
+        args.out,
+        **lists,
+        grid=args.grid,
+        shift=args.shift,
+        cfg_interval=args.cfg_interval,
+        n=args.n,
+        seed=args.seed,
+        split=args.split,
+        root=args.root,
+        cache_dir=args.cache_dir,
+        batch_size=args.batch_size,
+        device=args.device,
+        ema=args.ema,
+        progress=args.progress,
+        apply=args.apply,
+        max_nfe=args.max_nfe,
+        command=_command(args),
+    )
     with open(f"{args.out}/sweep.md") as f:
         print(f.read(), end="")
     print(f"wrote {len(rows)} rows to {args.out}/sweep.csv, sweep.json and sweep.png", file=sys.stderr)
@@ -256,7 +316,17 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    path = _call(api.export, args)
+    path = api.export(
+        _model(args),
+        args.format,
+        args.out,
+        ema=args.ema,
+        ort_web=args.ort_web,
+        dtype=args.dtype,
+        metrics=args.metrics,
+        about=args.about,
+        overwrite=args.overwrite,
+    )
     hint = f"; serve it with: python -m http.server --directory {path}" if args.format == "web" else ""
     print(f"wrote {path}{hint}", file=sys.stderr)
     return 0
