@@ -362,7 +362,7 @@ def test_every_flag_of_a_command_reaches_its_api_call(command, monkeypatch):
     arrived = [*seen.pop("positional"), *seen.values()]
     missing = sorted(d for d, mark in marks.items() if d not in lists and not any(v is mark for v in arrived))
     assert missing == []
-    for name, text in lists.items():  # parsed into lists of their kind
+    for name in lists:  # parsed into lists of their kind
         assert seen[name] and all(not isinstance(v, str) or name == "samplers" for v in seen[name])
     extra = set(seen) - dests - {"command", "progress", "data_root", *lists}
     assert extra == set(), extra
@@ -370,7 +370,7 @@ def test_every_flag_of_a_command_reaches_its_api_call(command, monkeypatch):
 
 def test_the_flag_check_fails_when_a_flag_is_dropped(monkeypatch):
     """The negative control: a cmd_export that forgets --about is caught."""
-    from tinydit import api, cli
+    from tinydit import cli
 
     real = cli.cmd_export
 
