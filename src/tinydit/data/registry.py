@@ -176,8 +176,9 @@ def folder_record(root: str | Path, img_size: int | None = None) -> DatasetRecor
     """The record of the image folder ``root`` (an absolute path, as ``canonical_name`` makes it) at
     ``img_size`` pixels a side (None: ``FOLDER_SIZE``), from its images: their classes, size and channels."""
     root, size = Path(root), img_size or FOLDER_SIZE
-    everything, _ = decode_folder(root, folder_signature(root), size)
-    digest = hashlib.sha1(repr((str(root), folder_signature(root))).encode()).hexdigest()[:12]
+    signature = folder_signature(root)  # a walk over the folder's files: once
+    everything, _ = decode_folder(root, signature, size)
+    digest = hashlib.sha1(repr((str(root), signature)).encode()).hexdigest()[:12]
     return replace(
         _OTHER,
         name=str(root),
@@ -271,14 +272,8 @@ def open_dataset(
     """``load_dataset`` for a name already made canonical (``canonical_name``: a built-in name, or an image
     folder's absolute path), as a resolved run holds it: its record's loader, then the first ``limit``."""
     download = download and os.environ.get("TINYDIT_OFFLINE", "") in ("", "0")
-    if key in DATASETS:
-        record = DATASETS[key]
-    elif Path(key).exists():
-        record = folder_record(key, img_size)
-    else:
-        raise TinyDiTError(
-            f"unknown data set {key!r}: use one of {', '.join(BUILTIN_DATASETS)} or the path of an image folder"
-        )
+    key = known_name(key)  # refused in the one line every data-set name is refused with
+    record = DATASETS[key] if key in DATASETS else folder_record(key, img_size)
     ds = record.load(train, Path(root), download, shapes_size, limit)
     ds.flip = train and (record.mirrors if flip is None else flip)
     return ds.first(limit)
