@@ -228,7 +228,11 @@ def canonical_name(name: str) -> str:
 def known_name(name: str, what: str = "data set") -> str:
     """``canonical_name(name)``, refused (naming ``name`` as the user spelled it) unless it is a built-in data
     set or a path that exists (what is there is checked where it is read: an image folder)."""
-    key = canonical_name(name)
+    return _check_known(canonical_name(name), name, what)
+
+
+def _check_known(key: str, name: str, what: str = "data set") -> str:
+    """The canonical ``key``, refused naming ``name`` unless it is a built-in set or a path that exists."""
     if key not in DATASETS and not Path(key).exists():
         raise TinyDiTError(
             f"unknown {what} {name!r}: use one of {', '.join(BUILTIN_DATASETS)} or the path of an image folder"
@@ -272,7 +276,7 @@ def open_dataset(
     """``load_dataset`` for a name already made canonical (``canonical_name``: a built-in name, or an image
     folder's absolute path), as a resolved run holds it: its record's loader, then the first ``limit``."""
     download = download and os.environ.get("TINYDIT_OFFLINE", "") in ("", "0")
-    key = known_name(key)  # refused in the one line every data-set name is refused with
+    _check_known(key, key)  # already canonical: refused in the line every data-set name is refused with
     record = DATASETS[key] if key in DATASETS else folder_record(key, img_size)
     ds = record.load(train, Path(root), download, shapes_size, limit)
     ds.flip = train and (record.mirrors if flip is None else flip)
