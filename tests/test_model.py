@@ -353,6 +353,60 @@ def test_conv_head_mixes_neighbouring_patches():
     assert not touched[2, 2]
 
 
+def test_deeper_conv_stem_and_head_start_at_zero_and_keep_the_single_convs_keys():
+    one = DiT(get_preset("dit-1.4m", n_classes=4))
+    assert isinstance(one.head, torch.nn.Conv2d) and "head.weight" in one.state_dict()  # older checkpoints load
+    cfg = get_preset("dit-1.4m", n_classes=4, patch_size=8, conv_depth=2, conv_channels=32)
+    model = DiT(cfg)
+    convs = [m for part in (model.stem, model.head) for m in part.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert [(m.in_channels, m.out_channels) for m in convs] == [(3, 32), (32, 32), (32, 32), (32, 3)]
+    x, t, y = torch.randn(2, 3, 32, 32), torch.rand(2), torch.tensor([0, 1])
+    assert model(x, t, y).shape == x.shape and cfg.n_tokens == 16
+    out = model.decode(torch.randn(2, cfg.n_tokens, cfg.dim), torch.randn(2, cfg.dim))
+    assert out.abs().max() == 0  # the head's last convolution starts at zero, as a single one does
+    pixel_convs = 2 * sum(m.weight.numel() for m in convs) * 32 * 32
+    assert model.flops_per_image() - pixel_convs == 2 * model.token_params() * 16 + 4 * cfg.depth * 16**2 * cfg.dim
+    with pytest.raises(TinyDiTError, match="conv_depth"):
+        DiTConfig(stem="conv", conv_depth=0)
+
+
+@pytest.mark.parametrize("switch", ["class_token", "class_pixels"])
+def test_the_class_reaches_the_network_through_its_other_way_in(switch):
+    """With every label's adaLN embedding made the same, only the switch's own way in can tell the labels
+    apart: the outputs differ with it and agree without it (the negative control)."""
+    outputs = {}
+    for on in (True, False):
+        torch.manual_seed(0)
+        model = DiT(get_preset("dit-1.4m", n_classes=4, **{switch: on}))
+        for p in model.parameters():  # past the zero initialisations, so that every way in carries something
+            p.data.add_(0.05 * torch.randn_like(p))
+        model.y_embed.weight.data[:] = model.y_embed.weight.data[0]  # c no longer knows the label
+        x, t = torch.randn(1, 3, 32, 32).expand(2, -1, -1, -1), torch.full((2,), 0.7)
+        outputs[on] = model(x, t, torch.tensor([0, 3]))
+    assert not torch.allclose(outputs[True][0], outputs[True][1])
+    torch.testing.assert_close(outputs[False][0], outputs[False][1])
+
+
+def test_class_ways_in_start_as_the_model_without_them_and_leave_the_image_tokens_in_place():
+    base = get_preset("dit-1.4m", n_classes=4)
+    plain = DiT(base)
+    both = DiT(replace(base, class_token=True, class_pixels=True))
+    assert both.load_state_dict(plain.state_dict(), strict=False).unexpected_keys == []
+    for p in plain.parameters():
+        p.data.add_(0.05 * torch.randn_like(p))
+    both.load_state_dict(plain.state_dict(), strict=False)
+    both.class_token.weight.data.zero_()  # a zero token, which only adds a key of score 0 to each softmax
+    x, t, y = torch.randn(2, 3, 32, 32), torch.rand(2), torch.tensor([1, 2])
+    # the pixel biases start at zero: with the class token's key the only difference, the outputs move a little
+    assert not torch.equal(both(x, t, y), plain(x, t, y))
+    both.class_token = None
+    torch.testing.assert_close(both(x, t, y), plain(x, t, y))  # the zero pixel biases change nothing
+    with pytest.raises(TinyDiTError, match="a text model takes neither"):
+        DiTConfig(cond="text", vocab_size=8, text_len=4, class_token=True)
+    with pytest.raises(TinyDiTError, match="set stem or head to conv"):
+        DiTConfig(class_pixels=True)
+
+
 def test_stem_and_head_names_are_checked():
     with pytest.raises(TinyDiTError, match="DiTConfig.head must be one of linear, conv"):
         DiTConfig(head="unet")

@@ -28,6 +28,16 @@ def _model(depth: int = 4) -> DiT:
     return DiT(DiTConfig(img_size=32, in_channels=3, patch_size=4, dim=32, depth=depth, n_heads=2, n_classes=4))
 
 
+def test_a_class_token_is_not_aligned():
+    torch.manual_seed(0)
+    model = DiT(DiTConfig(patch_size=4, dim=32, depth=2, n_heads=2, n_classes=4, class_token=True))
+    align = Alignment(model, "shapes_repa")
+    x0 = torch.rand(3, 3, 32, 32) * 2 - 1
+    model(torch.randn_like(x0), torch.rand(3), torch.tensor([0, 1, 2]))
+    assert align._tokens.shape == (3, 64, 32)  # the 8 x 8 image tokens, not the class token after them
+    assert -1 <= align.loss(x0).item() <= 1
+
+
 def test_the_alignment_trains_the_early_blocks_and_the_projector_only():
     model = _model()
     align = Alignment(model, "shapes_repa")

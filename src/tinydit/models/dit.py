@@ -117,8 +117,12 @@ class DiT(nn.Module):
         self.config = config
         p, f = config.patch_size, config.conv_channels
         self.stem = None  # pixels go straight into the patch embedding, as in DiT
-        if config.stem == "conv":
-            self.stem = nn.Sequential(nn.Conv2d(config.in_channels, f, kernel_size=3, padding=1), nn.SiLU())
+        if config.stem == "conv":  # (N, C, H, W) -> (N, f, H, W): conv_depth 3x3 convolutions, each then a SiLU
+            convs = [
+                nn.Conv2d(config.in_channels if i == 0 else f, f, kernel_size=3, padding=1)
+                for i in range(config.conv_depth)
+            ]
+            self.stem = nn.Sequential(*(m for conv in convs for m in (conv, nn.SiLU())))
         patch_in = f if self.stem is not None else config.in_channels
         self.patch_embed = nn.Conv2d(patch_in, config.dim, kernel_size=p, stride=p)
         if config.pos == "sincos":
@@ -147,10 +151,22 @@ class DiT(nn.Module):
         # Shortcut models (Frans et al. 2024) see the step size d the sampler will take; d = 0 asks for
         # the instantaneous velocity, so with d = 0 the model is an ordinary flow model.
         self.d_embed = TimestepEmbedder(config.dim, scale=config.time_scale) if config.shortcut else None
+        # the class's ways in besides c (class_token, class_pixels): None where off
+        self.class_token = nn.Embedding(config.n_classes + 1, config.dim) if config.class_token else None
+        self.stem_class = self.head_class = None
+        if config.class_pixels:  # (N,) -> (N, f): a bias per class, starting at zero (the model as without it)
+            self.stem_class = nn.Embedding(config.n_classes + 1, f) if self.stem is not None else None
+            self.head_class = nn.Embedding(config.n_classes + 1, f) if config.head == "conv" else None
         self.build_blocks(config)
         head_out = f if config.head == "conv" else config.in_channels
         self.final = FinalLayer(config.dim, p * p * head_out, config.norm)
-        self.head = nn.Conv2d(f, config.in_channels, kernel_size=3, padding=1) if config.head == "conv" else None
+        self.head = None  # (N, f, H, W) -> (N, C, H, W); one convolution stays a bare Conv2d (older checkpoints' keys)
+        if config.head == "conv" and config.conv_depth == 1:
+            self.head = nn.Conv2d(f, config.in_channels, kernel_size=3, padding=1)
+        elif config.head == "conv":
+            convs = [nn.Conv2d(f, f, kernel_size=3, padding=1) for _ in range(config.conv_depth - 1)]
+            last = nn.Conv2d(f, config.in_channels, kernel_size=3, padding=1)
+            self.head = nn.Sequential(*(m for conv in convs for m in (conv, nn.SiLU())), last)
         self.reset_parameters()
 
     def build_blocks(self, config: DiTConfig) -> None:
@@ -194,6 +210,11 @@ class DiT(nn.Module):
         nn.init.zeros_(self.patch_embed.bias)
         if self.config.cond == "class":
             nn.init.normal_(self.y_embed.weight, std=0.02)
+            if self.class_token is not None:
+                nn.init.normal_(self.class_token.weight, std=0.02)
+            for table in (self.stem_class, self.head_class):
+                if table is not None:
+                    nn.init.zeros_(table.weight)
         else:
             nn.init.normal_(self.text.tok_embed.weight, std=0.02)
             nn.init.normal_(self.text.pos_embed, std=0.02)
@@ -212,7 +233,9 @@ class DiT(nn.Module):
             with torch.no_grad():
                 proj.weight[:, : self.config.dim].copy_(torch.eye(self.config.dim))
         # The model predicts exactly zero at initialisation: the last map of the head starts at zero.
-        last = self.head if self.head is not None else self.final.linear
+        last = (
+            self.final.linear if self.head is None else self.head if isinstance(self.head, nn.Conv2d) else self.head[-1]
+        )
         nn.init.zeros_(last.weight)
         nn.init.zeros_(last.bias)
 
@@ -231,9 +254,11 @@ class DiT(nn.Module):
         step costs about 3x this (backward = 2x forward)."""
         config = self.config
         convs = sum(
-            m[0].weight.numel() if isinstance(m, nn.Sequential) else m.weight.numel()
-            for m in (self.stem, self.head)
-            if m is not None
+            m.weight.numel()
+            for part in (self.stem, self.head)
+            if part is not None
+            for m in part.modules()
+            if isinstance(m, nn.Conv2d)
         )
         return (
             2 * self.token_params() * config.n_tokens
@@ -272,8 +297,11 @@ class DiT(nn.Module):
         x = x.transpose(2, 3).reshape(n, g * p, g * p, c)  # (N, gh, ph, gw, pw, C) -> (N, H, W, C)
         return x.permute(0, 3, 1, 2)  # (N, C, H, W), stored as (N, H, W, C)
 
-    def embed_image(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
-        """x (N, C, H, W) -> tokens (N, T, D) with their positions, and the RoPE angles (or None)."""
+    def embed_image(
+        self, x: torch.Tensor, y: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """x (N, C, H, W) -> tokens (N, T, D) with their positions, and the RoPE angles (or None); y (N,),
+        the labels, where the stem is told the class (``class_pixels``)."""
         config = self.config
         if x.shape[1:] != (config.in_channels, config.img_size, config.img_size):
             raise TinyDiTError(
@@ -282,6 +310,8 @@ class DiT(nn.Module):
             )
         if self.stem is not None:  # a channels-last input gives a channels-last feature map (see patchify)
             x = self.stem(x.contiguous(memory_format=torch.channels_last))
+            if self.stem_class is not None and y is not None:
+                x = x + self.stem_class(y)[:, :, None, None]  # (N, f, H, W) + (N, f, 1, 1)
         tokens = self.patchify(x)  # (N, T, D)
         if self.pos_embed is not None:
             return tokens + self.pos_embed, None
@@ -318,15 +348,27 @@ class DiT(nn.Module):
     ) -> torch.Tensor:
         """x (N, C, H, W), t (N,), y (N,) labels or (N, L) token ids or None, d (N,) step sizes or None
         (shortcut models only) -> v (N, C, H, W)"""
-        tokens, rope = self.embed_image(x)  # (N, T, D)
+        if y is None and self.config.cond == "class":  # the null label, which the class's other ways in see too
+            y = self.null_condition(torch.zeros(t.shape[0], dtype=torch.long, device=t.device))
+        tokens, rope = self.embed_image(x, y)  # (N, T, D)
         c, _, _ = self.condition(t, y, d)  # (N, D); a text DiT reads the caption only through c
-        tokens = self.trunk(tokens, c, rope)  # (N, T, D)
-        return self.velocity(x, t, self.decode(tokens, c))  # (N, C, H, W)
+        n_image = tokens.shape[1]
+        if self.class_token is not None:  # the class token last: the image tokens keep their places
+            tokens = torch.cat([tokens, self.class_token(y).unsqueeze(1)], dim=1)  # (N, T + 1, D)
+            if rope is not None:  # the class token has no place on the grid: it is not rotated
+                rope = tuple(torch.cat([r, r.new_full((1, r.shape[1]), float(i == 0))]) for i, r in enumerate(rope))
+        tokens = self.trunk(tokens, c, rope)[:, :n_image]  # (N, T, D)
+        return self.velocity(x, t, self.decode(tokens, c, y))  # (N, C, H, W)
 
-    def decode(self, tokens: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        """The network's output image (N, C, H, W) from the last tokens (N, T, D) and c (N, D)."""
+    def decode(self, tokens: torch.Tensor, c: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        """The network's output image (N, C, H, W) from the last tokens (N, T, D) and c (N, D); y (N,), the
+        labels, where the head is told the class (``class_pixels``)."""
         out = self.unpatchify(self.final(tokens, c))  # (N, C or conv_channels, H, W)
-        return out if self.head is None else self.head(out).contiguous()  # (N, C, H, W), contiguous as documented
+        if self.head is None:
+            return out
+        if self.head_class is not None and y is not None:
+            out = out + self.head_class(y)[:, :, None, None]  # (N, f, H, W) + (N, f, 1, 1)
+        return self.head(out).contiguous()  # (N, C, H, W), contiguous as documented
 
     def velocity(self, x: torch.Tensor, t: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """The velocity (N, C, H, W) from the network's output ``out`` for x_t (N, C, H, W) at t (N,).

@@ -52,9 +52,19 @@ class DiTConfig:
     # writes `conv_channels` features per pixel and a 3x3 convolution mixes neighbouring patches, U-ViT)
     head: str = "linear"
     conv_channels: int = 16  # features per pixel of a conv stem or head
+    # 3x3 convolutions in a conv stem and in a conv head, each pair with a SiLU between: more than one lets
+    # the pixels do fine work that a coarser token grid (a larger patch) leaves to them (U-ViT, hourglass)
+    conv_depth: int = 1
     # Long skips (U-ViT, Bao et al. 2023): the second half of the blocks also takes the output of the
     # mirror block in the first half, concatenated and projected back to dim, as a U-Net's decoder does
     skips: bool = False
+    # How the class reaches the network besides adaLN's c (class models; both off: DiT). class_token: the
+    # class's own embedding joins the image tokens as one more token, which every image token attends to
+    # (DiT's in-context conditioning), so a token can ask what to draw where adaLN only scales it.
+    # class_pixels: a per-class bias on the conv stem's and conv head's features, so the pixel-level maps,
+    # which draw the edges a shape's kind is told by, know the class too.
+    class_token: bool = False
+    class_pixels: bool = False
 
     def __post_init__(self):
         for name in ("img_size", "in_channels", "patch_size", "dim", "depth", "n_heads", "n_classes"):
@@ -84,8 +94,14 @@ class DiTConfig:
                 )
         if self.conv_channels < 1:
             raise TinyDiTError(f"DiTConfig.conv_channels must be >= 1, got {self.conv_channels}")
+        if self.conv_depth < 1:
+            raise TinyDiTError(f"DiTConfig.conv_depth must be >= 1, got {self.conv_depth}")
         if self.pos == "rope" and self.head_dim % 4:
             raise TinyDiTError(f"2-D RoPE needs a head dim divisible by 4 (dim / n_heads), got {self.head_dim}")
+        if (self.class_token or self.class_pixels) and self.cond != "class":
+            raise TinyDiTError("class_token and class_pixels condition a class model; a text model takes neither")
+        if self.class_pixels and "conv" not in (self.stem, self.head):
+            raise TinyDiTError("class_pixels biases a conv stem's or conv head's features: set stem or head to conv")
         if self.cond not in CONDS:
             raise TinyDiTError(f"DiTConfig.cond must be one of {', '.join(CONDS)}, got {self.cond!r}")
         if self.cond == "text":

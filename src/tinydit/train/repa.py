@@ -120,7 +120,8 @@ class Alignment(nn.Module):
 
     def _keep(self, module: nn.Module, args, output: torch.Tensor | tuple) -> None:
         # A DiT block returns the image tokens; an MMDiT joint block returns (image tokens, caption tokens).
-        self._tokens = output[0] if isinstance(output, tuple) else output  # (N, T, D)
+        tokens = output[0] if isinstance(output, tuple) else output  # (N, T, D), a class token after them
+        self._tokens = tokens[:, : self.grid * self.grid]  # the image tokens: the grid, row-major
 
     @torch.no_grad()
     def target(self, x0: torch.Tensor) -> torch.Tensor:
