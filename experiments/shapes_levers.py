@@ -164,6 +164,7 @@ def main() -> None:
     p.add_argument("--sample-seed", type=int, default=0, help="the sampling noise's seed")
     p.add_argument("--n", type=int, default=400, help="samples per --sample (class-balanced)")
     p.add_argument("--score-only", action="store_true", help="score the checkpoint already in --out")
+    p.add_argument("--train-only", action="store_true", help="train, and leave the scoring to `tinydit eval`")
     p.add_argument("--weights", choices=("ema", "raw"), default="ema", help="sample with the EMA or the raw weights")
     args = p.parse_args()
     if args.calibrate:
@@ -212,7 +213,7 @@ def main() -> None:
             ),
             flush=True,
         )
-    if fields.get("model") == "mmdit":
+    if fields.get("model") == "mmdit" or args.train_only:
         return  # a text model: `tinydit eval` scores prompt adherence and the strict judge
     for spec in args.sample or ["euler:32:2", "euler:32:4"]:
         row = score(out / "checkpoint.pt", args.n, spec, args.weights == "ema", args.sample_seed)
