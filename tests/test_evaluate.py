@@ -228,6 +228,10 @@ def test_eval_cli_end_to_end_on_a_tiny_checkpoint(tiny_run, tmp_path, capsys, ev
         "precision": "fp32",
     }
     assert metrics["n_reference"] > 40
+    # a guided evaluation also scores the model alone, from the same noise
+    plain = metrics["guidance_1"]
+    assert plain["nfe_per_image"] == 2 and plain["fid_shapes_cnn"] != metrics["fid_shapes_cnn"]
+    assert {"precision_shapes_cnn", "recall_shapes_cnn", "shape_strict"} <= plain.keys()
     assert metrics["command"].startswith(f"tinydit eval --checkpoint {ckpt} --n 40")
     report = (tmp_path / "ev" / "report.md").read_text()
     assert (
@@ -237,6 +241,7 @@ def test_eval_cli_end_to_end_on_a_tiny_checkpoint(tiny_run, tmp_path, capsys, ev
         and f"- protocol: shapes_cnn features; reference shapes test, {metrics['n_reference']:,} images; 40 samples; "
         "euler, 2 steps, guidance 2, 4 evaluations per image; fp32"
         in report
+        and "- at guidance 1 (the same noise, no guidance, 2 evaluations per image): fid_shapes_cnn " in report
     )
 
     # the same samples written to .npz evaluate to the same numbers (eval generates in fp32)
@@ -277,6 +282,7 @@ def test_eval_cli_end_to_end_on_a_tiny_checkpoint(tiny_run, tmp_path, capsys, ev
     assert again["feature_nets"]["shapes_cnn"]["cache_hit"]
     # images from a file: what drew them is not known, and the protocol says so
     assert again["protocol"]["sampler"] is None and again["protocol"]["precision"] is None
+    assert "guidance_1" not in again  # images from a file: nothing to draw again
     assert "sampler not recorded" in (tmp_path / "ev2" / "report.md").read_text()
 
 

@@ -257,6 +257,7 @@ def evaluate(
     device: str | torch.device = "auto",
     inception: bool = False,
     inception_weights: str | None = None,
+    guidance_1: bool = True,
     cache_dir: str | Path = DEFAULT_CACHE,
     command: str | None = None,
     progress: bool = False,
@@ -265,6 +266,10 @@ def evaluate(
     """Score ``n`` samples drawn from ``checkpoint``, or the images in ``samples`` (an .npz or a folder,
     with ``data`` naming the reference), with the offline metrics; writes ``out``/metrics.json and
     report.md (``command`` is recorded in both) and returns the metrics.
+
+    A guided evaluation (guidance scale not 1) also draws ``n`` samples from the same noise at guidance 1,
+    the model alone, and reports their scores beside its own under ``guidance_1`` (``guidance_1=False``
+    skips them): how much of a score the guidance makes.
 
     Under torchrun the processes share the sampling and rank 0 alone scores and writes; the others
     return an empty dict."""
@@ -281,6 +286,7 @@ def evaluate(
         )
     extra: dict = {"nfe_per_image": None, "generation_seconds": None, "precision": None}  # images from a file
     world = distributed.init(resolve_device(device))
+    plain = None  # the samples at guidance 1, beside a guided evaluation's
     if checkpoint is not None:
         state = checkpoints.load_checkpoint(checkpoint)
         settings = state.sampling_settings().with_flags(sampler=sampler, steps=steps, cfg_scale=cfg_scale, **options)
@@ -289,6 +295,10 @@ def evaluate(
             state, n, settings, seed, dev, data, progress=progress, world=world
         )
         extra["sampler_note"] = settings.note
+        if guidance_1 and settings.cfg_scale != 1:  # every rank samples, as for the guided set
+            plain = generate_for_eval(
+                state, n, settings.with_flags(cfg_scale=1.0), seed, dev, data, progress=progress, world=world
+            )
     if not world.main:  # rank 0 alone scores and writes
         return {}
     if checkpoint is None:
@@ -303,10 +313,26 @@ def evaluate(
     nets = dict(inception=inception, inception_weights=inception_weights)
     metrics = evaluate_images(images, labels, spec, split=split, root=data_root, cache_dir=cache_dir, **nets)
     metrics.update(extra)
+    if checkpoint is not None and plain is not None:
+        x1, labels1, _, _, extra1 = plain
+        scores = evaluate_images(
+            to_eval_images(x1, spec), labels1, spec, split=split, root=data_root, cache_dir=cache_dir, **nets
+        )
+        metrics["guidance_1"] = {**_headline({**scores, **extra1}), "nfe_per_image": extra1["nfe_per_image"]}
     metrics["protocol"] = protocol_of(metrics)  # what the numbers compare with: the same protocol only
     out = ensure_writable_dir(out)  # created only now: a bad input leaves no empty folder behind
     write_report(out, metrics, command or "", images, labels, classes)
     return metrics
+
+
+# the scores an evaluation at guidance 1 reports beside the guided one (KID's spread and the counts stay out)
+HEADLINE = ("fid_", "kid_", "precision_", "recall_", "class_consistency_", "shape_", "adherence_")
+
+
+def _headline(scores: dict) -> dict:
+    return {
+        k: v for k, v in scores.items() if k.startswith(HEADLINE) and not k.endswith("_std") and isinstance(v, float)
+    }
 
 
 def sweep(

@@ -87,6 +87,8 @@ FLAGS: dict[str, tuple[str | tuple[str, str], dict]] = {
     "split": ("--split", dict(default="test", choices=["test", "train"], help="reference split")),
     "data_root": ("--data-root", dict(default="data", help="where downloadable data sets are looked for")),
     "inception": ("--inception", dict(action="store_true", help="also the standard Inception FID (downloads weights)")),
+    "guidance_1": ("--no-guidance-1", dict(action="store_false", help="skip the second set of samples at guidance 1 "
+                      "(the model alone) that a guided evaluation reports beside its own")),
     "inception_weights": ("--inception-weights", dict(help="local FID Inception weights (implies --inception)")),
     "cache_dir": ("--cache-dir", dict(default=str(api.DEFAULT_CACHE), help="where reference features are cached")),
     "samplers": ("--samplers", dict(default="euler,heun", help=f"comma-separated: {', '.join(api.SAMPLER_NAMES)}")),
@@ -123,7 +125,7 @@ COMMANDS: dict[str, tuple[str, tuple, dict]] = {
                             help="FILE.png (a grid), FILE.npz or a directory of PNGs")}),
     "eval": ("FID, KID, precision/recall, class consistency and (shapes text runs) prompt adherence, offline",
              ((*MODEL_SOURCE, "samples"), "data", "split", "data_root", "n", "cfg_scale", *SAMPLER_FLAGS, "seed",
-              "device", "out", "inception", "inception_weights", "cache_dir", "nproc"),
+              "device", "out", "inception", "inception_weights", "guidance_1", "cache_dir", "nproc"),
              {"n": dict(default=10000, help="samples to generate (with --checkpoint)"),
               "checkpoint": dict(help="generate --n samples from this checkpoint (or pretrained folder) and evaluate "
                                       "them"),
@@ -257,6 +259,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         device=args.device,
         inception=args.inception,
         inception_weights=args.inception_weights,
+        guidance_1=args.guidance_1,
         cache_dir=args.cache_dir,
         command=_command(args),
         progress=True,

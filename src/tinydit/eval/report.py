@@ -61,6 +61,12 @@ def write_report(
         sampler = metrics["sampler"]
         settings = ", ".join(f"{k} {v}" for k, v in sampler.items() if v is not None and k != "source")
         lines += [f"- sampler: {settings}" + (f" ({sampler['source']})" if sampler.get("source") else "")]
+    if metrics.get("guidance_1"):  # the model alone, beside the guided samples' scores above
+        plain = metrics["guidance_1"]
+        scores = ", ".join(f"{k} {v:.4g}" for k, v in plain.items() if k != "nfe_per_image")
+        lines += [
+            f"- at guidance 1 (the same noise, no guidance, {plain['nfe_per_image']} evaluations per image): {scores}"
+        ]
     for name, net in metrics.get("feature_nets", {}).items():
         what = "standard FID Inception" if name == "inception" else "offline feature network, not Inception"
         acc = f", test accuracy {net['test_accuracy']}" if net.get("test_accuracy") is not None else ""
