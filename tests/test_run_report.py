@@ -45,6 +45,9 @@ def test_evaluation_logs_the_offline_metrics_and_keeps_the_best_checkpoint(evalu
         assert r["best_metric"] == "fid_shapes_cnn" and r["eval/n_samples"] == 20 and r["eval_seconds"] > 0
         assert 0.0 <= r["eval/shape_accuracy"] <= 1.0 and 0.0 <= r["eval/class_consistency_shapes_cnn"] <= 1.0
         assert 0.0 <= r["eval/shape_strict"] <= 1.0 and 0.0 <= r["eval/shape_colours"] <= 1.0
+        # the recorded guidance is not 1: the same noise is scored at guidance 1 beside it
+        assert 0.0 <= r["eval/guidance_1/shape_strict"] <= 1.0
+        assert r["eval/guidance_1/fid_shapes_cnn"] != r["eval/fid_shapes_cnn"]
     best = min(evals, key=lambda r: r["eval/fid_shapes_cnn"])
     state = load_checkpoint(out / "best.pt")
     assert state.step == best["step"] and state.best["value"] == best["eval/fid_shapes_cnn"]

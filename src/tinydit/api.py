@@ -36,7 +36,7 @@ from tinydit.errors import TinyDiTError
 from tinydit.eval.evaluate import DEFAULT_CACHE, eval_spec, to_eval_images
 from tinydit.eval.evaluate import evaluate as evaluate_images
 from tinydit.eval.protocol import protocol_of
-from tinydit.eval.report import write_report
+from tinydit.eval.report import headline_scores, write_report
 from tinydit.eval.run_report import write_run_report
 from tinydit.eval.sampling import generate_for_eval
 from tinydit.eval.sweep import best_setting, check_sweep, run_sweep, sweep_rows
@@ -318,21 +318,11 @@ def evaluate(
         scores = evaluate_images(
             to_eval_images(x1, spec), labels1, spec, split=split, root=data_root, cache_dir=cache_dir, **nets
         )
-        metrics["guidance_1"] = {**_headline({**scores, **extra1}), "nfe_per_image": extra1["nfe_per_image"]}
+        metrics["guidance_1"] = {**headline_scores({**scores, **extra1}), "nfe_per_image": extra1["nfe_per_image"]}
     metrics["protocol"] = protocol_of(metrics)  # what the numbers compare with: the same protocol only
     out = ensure_writable_dir(out)  # created only now: a bad input leaves no empty folder behind
     write_report(out, metrics, command or "", images, labels, classes)
     return metrics
-
-
-# the scores an evaluation at guidance 1 reports beside the guided one (KID's spread and the counts stay out)
-HEADLINE = ("fid_", "kid_", "precision_", "recall_", "class_consistency_", "shape_", "adherence_")
-
-
-def _headline(scores: dict) -> dict:
-    return {
-        k: v for k, v in scores.items() if k.startswith(HEADLINE) and not k.endswith("_std") and isinstance(v, float)
-    }
 
 
 def sweep(

@@ -13,7 +13,17 @@ from tinydit.eval.protocol import describe_protocol, protocol_of
 from tinydit.files import write_text
 from tinydit.images import from_uint8, save_grid
 
-__all__ = ["class_grid", "write_report"]
+__all__ = ["class_grid", "headline_scores", "write_report"]
+
+# the scores an evaluation at guidance 1 reports beside the guided one (KID's spread and the counts stay out)
+HEADLINE = ("fid_", "kid_", "precision_", "recall_", "class_consistency_", "shape_", "adherence_")
+
+
+def headline_scores(scores: dict) -> dict:
+    """The quality scores of an evaluation's metrics: what a second set of samples at guidance 1 reports."""
+    return {
+        k: v for k, v in scores.items() if k.startswith(HEADLINE) and not k.endswith("_std") and isinstance(v, float)
+    }
 
 
 def class_grid(images: torch.Tensor, labels: torch.Tensor, n_classes: int, per_class: int = 10) -> torch.Tensor:

@@ -164,9 +164,20 @@ def _loss_by_t_plot(records: list[dict]) -> str | None:
     return _png(fig)
 
 
+PLAIN = "eval/guidance_1/"  # a guided evaluation's scores at guidance 1
+
+
 def _eval_plot(records: list[dict], best_metric: str | None) -> str | None:
     bookkeeping = ("seconds", "n_reference", "n_samples", "nfe", "_std")  # not quality: left to metrics.jsonl
-    keys = sorted({k for r in records for k in r if k.startswith("eval/") and not any(b in k for b in bookkeeping)})
+    # the scores at guidance 1 (eval/guidance_1/NAME) are drawn on their guided score's plot, not their own
+    keys = sorted(
+        {
+            k
+            for r in records
+            for k in r
+            if k.startswith("eval/") and not k.startswith(PLAIN) and not any(b in k for b in bookkeeping)
+        }
+    )
     keys = [k for k in keys if _series(records, k)[0]]
     if not keys:
         return None
@@ -178,8 +189,12 @@ def _eval_plot(records: list[dict], best_metric: str | None) -> str | None:
     for i, key in enumerate(keys):
         ax = fig.add_subplot(rows, cols, i + 1)
         steps, values = _series(records, key)
-        ax.plot(steps, values, marker="o", markersize=3)
+        ax.plot(steps, values, marker="o", markersize=3, label="as recorded")
         name = key.removeprefix("eval/")
+        plain_steps, plain = _series(records, PLAIN + name)
+        if plain:
+            ax.plot(plain_steps, plain, marker="o", markersize=3, linestyle="--", color="grey", label="guidance 1")
+            ax.legend(fontsize=8)
         if name == best_metric:
             best = [r for r in records if r.get("eval_best")]
             if best:
@@ -260,6 +275,7 @@ def _evaluations(run_dir: Path) -> str:
         except ValueError:
             continue
         shown = [(k, v) for k, v in metrics.items() if not isinstance(v, (dict, list))]
+        shown += [(f"at guidance 1: {k}", v) for k, v in (metrics.get("guidance_1") or {}).items()]
         protocol = f"<p>Protocol: {html.escape(describe_protocol(protocol_of(metrics)))}</p>"
         out.append(f"<h3>{html.escape(str(path.parent.relative_to(run_dir)))}</h3>{protocol}{_table(shown)}")
     return "".join(out)

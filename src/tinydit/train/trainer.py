@@ -23,6 +23,7 @@ from tinydit.checkpoints.checkpoint import Checkpoint, load_checkpoint
 from tinydit.compiling import eagerly, unwrap
 from tinydit.config import TrainConfig
 from tinydit.errors import TinyDiTError
+from tinydit.eval.report import headline_scores
 from tinydit.eval.run_report import write_run_report
 from tinydit.eval.sampling import EvalTarget, score_model
 from tinydit.files import RunDirLock, ensure_writable_dir
@@ -280,21 +281,30 @@ class Trainer:
     @torch.no_grad()
     def _score(self) -> dict[str, float | str]:
         """``eval_n`` EMA samples, scored in the run's precision (its scores follow the run, not the machine),
-        with the sampler settings the checkpoint records."""
+        with the sampler settings the checkpoint records, and where those guide, ``eval_n`` more from the same
+        noise at guidance 1 (``guidance_1/...``)."""
         data, cfg = self.data, self.cfg
         # what the samples are asked to be: the run's own data, not a checkpoint's record of it
         target = EvalTarget(data.name, tuple(data.train_set.classes), data.tokenizer, cfg.held_out_phrases())
+        # a guided setting is also scored at guidance 1 (the model alone), as `tinydit eval` does
+        plain = [self.sampling.with_flags(cfg_scale=1.0)] if self.sampling.cfg_scale != 1 else []
+        scores = []
         with autocast(self.device, self.precision):
-            return score_model(
-                self.run.ema_forward,
-                target,
-                cfg.eval_n,
-                self.sampling,
-                seed=cfg.seed,
-                root=cfg.data_root,
-                progress=self.progress,
-                precision=self.precision,
-            )
+            for settings in [self.sampling, *plain]:
+                scores.append(
+                    score_model(
+                        self.run.ema_forward,
+                        target,
+                        cfg.eval_n,
+                        settings,
+                        seed=cfg.seed,
+                        root=cfg.data_root,
+                        progress=self.progress,
+                        precision=self.precision,
+                    )
+                )
+        guided, *alone = scores
+        return {**guided, **{f"guidance_1/{k}": v for one in alone for k, v in headline_scores(one).items()}}
 
     def _record_pace(self) -> None:
         """A CPU `minutes` run's pace into the machine record, under its kind and the way it ran: what `compile`
