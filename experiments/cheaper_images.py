@@ -250,10 +250,10 @@ def plot(runs: list[Path], flops: dict[str, dict], png: Path, title: str, data: 
         ax.set_ylim(0, 1)
     else:
         ax.set_yscale("log")
-    ax.set_xlabel("training TFLOP (torch.utils.flop_counter on the real step, alignment included)")
+    ax.set_xlabel("training TFLOP (torch.utils.flop_counter on the trainer's own step)")
     ax.set_ylabel(METRICS[data][1])
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="lower right" if data == "shapes" else "upper right")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(png)
