@@ -313,7 +313,7 @@ def evaluate(
     nets = dict(inception=inception, inception_weights=inception_weights)
     metrics = evaluate_images(images, labels, spec, split=split, root=data_root, cache_dir=cache_dir, **nets)
     metrics.update(extra)
-    if checkpoint is not None and plain is not None:
+    if plain is not None:
         x1, labels1, _, _, extra1 = plain
         scores = evaluate_images(
             to_eval_images(x1, spec), labels1, spec, split=split, root=data_root, cache_dir=cache_dir, **nets

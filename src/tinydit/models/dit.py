@@ -233,11 +233,14 @@ class DiT(nn.Module):
             with torch.no_grad():
                 proj.weight[:, : self.config.dim].copy_(torch.eye(self.config.dim))
         # The model predicts exactly zero at initialisation: the last map of the head starts at zero.
-        last = (
-            self.final.linear if self.head is None else self.head if isinstance(self.head, nn.Conv2d) else self.head[-1]
-        )
+        last = self.final.linear if self.head is None else self.pixel_convs()[-1]
         nn.init.zeros_(last.weight)
         nn.init.zeros_(last.bias)
+
+    def pixel_convs(self) -> list[nn.Conv2d]:
+        """The full-resolution 3x3 convolutions of a conv stem and a conv head, in the order they run."""
+        parts = [part for part in (self.stem, self.head) if part is not None]
+        return [m for part in parts for m in part.modules() if isinstance(m, nn.Conv2d)]
 
     def token_params(self) -> int:
         """Weights of the linear maps applied to every token (patch embedding, QKV, projections, MLPs,
@@ -253,13 +256,7 @@ class DiT(nn.Module):
         (scores and weighted sum), plus 2 weights H W for a full-resolution conv stem or head. A training
         step costs about 3x this (backward = 2x forward)."""
         config = self.config
-        convs = sum(
-            m.weight.numel()
-            for part in (self.stem, self.head)
-            if part is not None
-            for m in part.modules()
-            if isinstance(m, nn.Conv2d)
-        )
+        convs = sum(m.weight.numel() for m in self.pixel_convs())
         return (
             2 * self.token_params() * config.n_tokens
             + 4 * config.depth * config.n_tokens**2 * config.dim
@@ -317,15 +314,21 @@ class DiT(nn.Module):
             return tokens + self.pos_embed, None
         return tokens, (self.rope_cos, self.rope_sin)
 
+    def or_null(self, y: torch.Tensor | None, t: torch.Tensor) -> torch.Tensor:
+        """y as given, or for y None the unconditional input for t's N images: null labels (N,) or empty
+        captions (N, L)."""
+        if y is not None:
+            return y
+        shape = (t.shape[0], self.config.text_len) if self.config.cond == "text" else (t.shape[0],)
+        return self.null_condition(torch.zeros(shape, dtype=torch.long, device=t.device))
+
     def condition(
         self, t: torch.Tensor, y: torch.Tensor | None, d: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """c (N, D) from t (N,), y and d (N,); text models also return the caption's tokens ctx (N, L, D)
         and keep (N, L), True where a token is not padding (class models: None, None)."""
         config = self.config
-        if y is None:
-            shape = (t.shape[0], config.text_len) if config.cond == "text" else (t.shape[0],)
-            y = self.null_condition(torch.zeros(shape, dtype=torch.long, device=t.device))
+        y = self.or_null(y, t)
         want = 2 if config.cond == "text" else 1
         if y.dim() != want:
             what = "caption token ids (N, L) from its tokenizer" if want == 2 else "class labels (N,)"
@@ -348,10 +351,9 @@ class DiT(nn.Module):
     ) -> torch.Tensor:
         """x (N, C, H, W), t (N,), y (N,) labels or (N, L) token ids or None, d (N,) step sizes or None
         (shortcut models only) -> v (N, C, H, W)"""
-        if y is None and self.config.cond == "class":  # the null label, which the class's other ways in see too
-            y = self.null_condition(torch.zeros(t.shape[0], dtype=torch.long, device=t.device))
+        y = self.or_null(y, t)  # the class's other ways in (class_token, class_pixels) see the null label too
+        c, _, _ = self.condition(t, y, d)  # (N, D), y checked; a text DiT reads the caption only through c
         tokens, rope = self.embed_image(x, y)  # (N, T, D)
-        c, _, _ = self.condition(t, y, d)  # (N, D); a text DiT reads the caption only through c
         n_image = tokens.shape[1]
         if self.class_token is not None:  # the class token last: the image tokens keep their places
             tokens = torch.cat([tokens, self.class_token(y).unsqueeze(1)], dim=1)  # (N, T + 1, D)

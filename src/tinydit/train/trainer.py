@@ -286,25 +286,25 @@ class Trainer:
         data, cfg = self.data, self.cfg
         # what the samples are asked to be: the run's own data, not a checkpoint's record of it
         target = EvalTarget(data.name, tuple(data.train_set.classes), data.tokenizer, cfg.held_out_phrases())
-        # a guided setting is also scored at guidance 1 (the model alone), as `tinydit eval` does
-        plain = [self.sampling.with_flags(cfg_scale=1.0)] if self.sampling.cfg_scale != 1 else []
-        scores = []
+
+        def score(settings) -> dict:
+            return score_model(
+                self.run.ema_forward,
+                target,
+                cfg.eval_n,
+                settings,
+                seed=cfg.seed,
+                root=cfg.data_root,
+                progress=self.progress,
+                precision=self.precision,
+            )
+
         with autocast(self.device, self.precision):
-            for settings in [self.sampling, *plain]:
-                scores.append(
-                    score_model(
-                        self.run.ema_forward,
-                        target,
-                        cfg.eval_n,
-                        settings,
-                        seed=cfg.seed,
-                        root=cfg.data_root,
-                        progress=self.progress,
-                        precision=self.precision,
-                    )
-                )
-        guided, *alone = scores
-        return {**guided, **{f"guidance_1/{k}": v for one in alone for k, v in headline_scores(one).items()}}
+            metrics = score(self.sampling)
+            if self.sampling.cfg_scale != 1:  # also the model alone, from the same noise, as `tinydit eval` does
+                alone = score(self.sampling.with_flags(cfg_scale=1.0))
+                metrics.update({f"guidance_1/{k}": v for k, v in headline_scores(alone).items()})
+        return metrics
 
     def _record_pace(self) -> None:
         """A CPU `minutes` run's pace into the machine record, under its kind and the way it ran: what `compile`
