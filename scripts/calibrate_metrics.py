@@ -4,7 +4,8 @@
 
 Rows: real training images (the best a generator can hope for), the same images blurred (3x3 box
 filter, 1-3 passes) or with Gaussian pixel noise (std in 0-255 units), and pure noise images. Prints a
-Markdown table with the machine, torch version and date, for docs/metrics.md.
+Markdown table per feature network the data set is evaluated in (its own, and an independent one where it
+has one), with the machine, torch version and date, for docs/metrics.md.
 """
 
 import argparse
@@ -16,7 +17,6 @@ import torch
 
 from tinydit.data import load_dataset
 from tinydit.eval.evaluate import add_noise, blur, evaluate, to_eval_images
-from tinydit.eval.features import FEATURE_NETS
 
 
 def main() -> None:
@@ -38,23 +38,22 @@ def main() -> None:
         ("noise std 64", add_noise(real, 64)),
         ("pure noise (uniform pixels)", torch.randint(0, 256, real.shape, generator=g, dtype=torch.uint8)),
     ]
-    tag = FEATURE_NETS[args.data]
     print(
         f"{args.data}, {args.n} images per row against the test split; {platform.machine()}, "
         f"torch {torch.__version__}, {datetime.date.today()}"
     )
     print(f"command: python scripts/calibrate_metrics.py {' '.join(sys.argv[1:])}")
-    print()
-    print(f"| images | fid_{tag} | kid_{tag} (x1000) | precision | recall | class consistency |")
-    print("|---|---|---|---|---|---|")
-    for name, images in rows:
-        m = evaluate(images, labels, args.data)
-        kid_text = f"{1000 * m[f'kid_{tag}_mean']:.3f} ± {1000 * m[f'kid_{tag}_std']:.3f}"
-        print(
-            f"| {name} | {m[f'fid_{tag}']:.3f} | {kid_text} "
-            f"| {m[f'precision_{tag}']:.3f} | {m[f'recall_{tag}']:.3f} | {m[f'class_consistency_{tag}']:.3f} |",
-            flush=True,
-        )
+    results = [(name, evaluate(images, labels, args.data)) for name, images in rows]
+    for tag in results[0][1]["feature_nets"]:
+        print()
+        print(f"| images | fid_{tag} | kid_{tag} (x1000) | precision | recall | class consistency |")
+        print("|---|---|---|---|---|---|")
+        for name, m in results:
+            kid_text = f"{1000 * m[f'kid_{tag}_mean']:.3f} ± {1000 * m[f'kid_{tag}_std']:.3f}"
+            print(
+                f"| {name} | {m[f'fid_{tag}']:.3f} | {kid_text} "
+                f"| {m[f'precision_{tag}']:.3f} | {m[f'recall_{tag}']:.3f} | {m[f'class_consistency_{tag}']:.3f} |"
+            )
 
 
 if __name__ == "__main__":

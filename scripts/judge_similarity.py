@@ -14,7 +14,10 @@ For each data set (shapes, and Fashion-MNIST where it is on disk), on the first 
 * control ``eval vs random init``: the evaluation network against an untrained one of the same
   architecture (seed 0), pooled: what the architecture and the images alone give;
 * control ``eval: first vs last block``: the evaluation network's first block (pooled over space) against
-  its pooled features: two layers of one network that should differ.
+  its pooled features: two layers of one network that should differ;
+* where the data set has an independent network (``DatasetRecord.independent_net``: another architecture
+  trained on other images), the same pooled and per-cell CKAs of it against the alignment encoder, and
+  pooled against the evaluation network.
 
 CPU-light: about 2,000 images through four small CNNs.
 """
@@ -27,6 +30,7 @@ import torch
 from torch import nn
 
 from tinydit.data import load_dataset
+from tinydit.data.registry import DATASETS
 from tinydit.errors import TinyDiTError
 from tinydit.eval.evaluate import eval_spec, to_eval_images
 from tinydit.eval.features import FeatureNet, load_feature_net
@@ -62,12 +66,21 @@ def measure(data: str, n: int) -> dict[str, float]:
     j, e, r = layers(judge, x), layers(encoder, x), layers(untrained, x)
     # the per-cell CKA's kernel is over every image's every cell: a fixed subsample of rows keeps it small
     rows = torch.randperm(len(j["cells"]), generator=torch.Generator().manual_seed(0))[: 4 * n]
-    return {
+    results = {
         "eval vs align, pooled": linear_cka(j["pooled"], e["pooled"]),
         "eval vs align, per cell": linear_cka(j["cells"][rows], e["cells"][rows]),
         "control: eval vs random init, pooled": linear_cka(j["pooled"], r["pooled"]),
         "control: eval, first vs last block": linear_cka(j["first"], j["pooled"]),
     }
+    other = DATASETS[data].independent_net
+    if other is not None:
+        i = layers(load_feature_net(other)[0], x)  # the same grid of cells as the others': rows match
+        results |= {
+            f"{other} vs align, pooled": linear_cka(i["pooled"], e["pooled"]),
+            f"{other} vs align, per cell": linear_cka(i["cells"][rows], e["cells"][rows]),
+            f"{other} vs eval, pooled": linear_cka(i["pooled"], j["pooled"]),
+        }
+    return results
 
 
 def main() -> None:

@@ -24,22 +24,24 @@ HAS_FMNIST = fashion_mnist_available()
 
 
 @pytest.mark.parametrize(
-    "data, name, floor",
+    "data, name, floor, dim",
     [
-        ("shapes", "shapes_cnn", 0.99),
+        ("shapes", "shapes_cnn", 0.99, 128),
+        ("shapes", "shapes_judge", 0.99, 256),  # the independent judge: twice as wide, other training images
         pytest.param(
             "fashion-mnist",
             "fmnist_cnn",
             0.88,
+            128,
             marks=pytest.mark.skipif(
                 not HAS_FMNIST, reason="Fashion-MNIST is absent (./data and Debian's dataset-fashion-mnist)"
             ),
         ),
     ],
 )
-def test_shipped_feature_nets_load_and_are_accurate_on_held_out_images(data, name, floor):
+def test_shipped_feature_nets_load_and_are_accurate_on_held_out_images(data, name, floor, dim):
     net, record = load_feature_net(name)  # checks the file against its recorded SHA-256
-    assert net.feature_dim == 128 and not net.training
+    assert net.feature_dim == dim and not net.training
     test = load_dataset(data, train=False, limit=1000)
     _, preds = extract(net, to_eval_images(test.images, data))
     accuracy = (preds == test.labels).double().mean().item()
@@ -71,14 +73,17 @@ def test_metrics_worsen_monotonically_with_blur_and_noise(data, eval_cache):
         ("noise48", add_noise(real, 48)),
     ]:
         results[name] = evaluate(imgs, labels, data, cache_dir=eval_cache, kid_subsets=10)
-    tag = "shapes_cnn" if data == "shapes" else "fmnist_cnn"
-    fid = {k: v[f"fid_{tag}"] for k, v in results.items()}
-    kid_ = {k: v[f"kid_{tag}_mean"] for k, v in results.items()}
-    assert fid["real"] < fid["blur1"] < fid["blur3"], fid
-    assert fid["real"] < fid["noise16"] < fid["noise48"], fid
-    assert kid_["real"] < kid_["blur1"] < kid_["blur3"] and kid_["real"] < kid_["noise16"] < kid_["noise48"], kid_
-    assert results["real"][f"class_consistency_{tag}"] > 0.9
-    assert results["real"][f"precision_{tag}"] > results["noise48"][f"precision_{tag}"]
+    tags = ["shapes_cnn", "shapes_judge"] if data == "shapes" else ["fmnist_cnn"]  # shapes: both its judges
+    assert list(results["real"]["feature_nets"]) == tags
+    for tag in tags:
+        fid = {k: v[f"fid_{tag}"] for k, v in results.items()}
+        kid_ = {k: v[f"kid_{tag}_mean"] for k, v in results.items()}
+        assert fid["real"] < fid["blur1"] < fid["blur3"], (tag, fid)
+        assert fid["real"] < fid["noise16"] < fid["noise48"], (tag, fid)
+        assert kid_["real"] < kid_["blur1"] < kid_["blur3"], (tag, kid_)
+        assert kid_["real"] < kid_["noise16"] < kid_["noise48"], (tag, kid_)
+        assert results["real"][f"class_consistency_{tag}"] > 0.9
+        assert results["real"][f"precision_{tag}"] > results["noise48"][f"precision_{tag}"]
 
 
 def test_reference_cache_is_reused_and_invalidated_when_weights_change(tmp_path, monkeypatch):
@@ -201,6 +206,10 @@ def test_eval_cli_end_to_end_on_a_tiny_checkpoint(tiny_run, tmp_path, capsys, ev
         "class_consistency_shapes_cnn",
     ):
         assert isinstance(metrics[key], float), key
+        # read again in the independent judge, which shares no weights, width or images with shapes_cnn
+        assert isinstance(metrics[key.replace("shapes_cnn", "shapes_judge")], float), key
+    assert metrics["fid_shapes_judge"] != metrics["fid_shapes_cnn"]  # another feature space, another distance
+    assert list(metrics["feature_nets"]) == ["shapes_cnn", "shapes_judge"]
     assert metrics["n_samples"] == 40 and metrics["nfe_per_image"] == 4 and metrics["eval_seconds"] > 0
     assert metrics["sampler"] == {
         "sampler": "euler",
@@ -218,7 +227,7 @@ def test_eval_cli_end_to_end_on_a_tiny_checkpoint(tiny_run, tmp_path, capsys, ev
     assert metrics["sampler"]["source"].startswith("steps as given, the rest as recorded")
     # every field a FID compares under, none left unknown for samples drawn from a checkpoint
     assert metrics["protocol"] == {
-        "feature_net": "shapes_cnn",
+        "feature_net": "shapes_cnn, shapes_judge",
         "reference": "shapes test",
         "n_reference": metrics["n_reference"],
         "n_samples": 40,
@@ -238,7 +247,8 @@ def test_eval_cli_end_to_end_on_a_tiny_checkpoint(tiny_run, tmp_path, capsys, ev
         "fid_shapes_cnn" in report
         and "samples_by_class.png" in report
         and "- sampler: sampler euler, steps 2, cfg_scale 2.0" in report
-        and f"- protocol: shapes_cnn features; reference shapes test, {metrics['n_reference']:,} images; 40 samples; "
+        and "- protocol: shapes_cnn, shapes_judge features; "
+        f"reference shapes test, {metrics['n_reference']:,} images; 40 samples; "
         "euler, 2 steps, guidance 2, 4 evaluations per image; fp32"
         in report
         and "- at guidance 1 (the same noise, no guidance, 2 evaluations per image): fid_shapes_cnn " in report

@@ -106,4 +106,5 @@ def test_judge_similarity_prints_the_cka_of_each_pair_and_its_controls(capsys):
     shapes = out.split("fashion-mnist")[0]
     assert "shapes_cnn vs shapes_repa, 64 test images" in shapes
     values = [float(line.split()[-1]) for line in shapes.splitlines()[1:] if line.strip()]
-    assert len(values) == 4 and all(0 <= v <= 1 + 1e-9 for v in values)
+    assert len(values) == 7 and all(0 <= v <= 1 + 1e-9 for v in values)
+    assert "shapes_judge vs align, pooled" in shapes  # the independent judge measured against the encoder

@@ -77,6 +77,9 @@ class DatasetRecord:
     eval_sizes: tuple[tuple[int, int], ...] = ()  # (C, side) accepted as samples, the evaluation's first; (): its own
     reference_size: int | None = None  # reference images of a split (None: the whole split)
     feature_net: str | None = None  # the shipped offline feature network (tinydit.eval.features)
+    # A second shipped network that shares neither the first's architecture nor its training images, nor the
+    # alignment encoder's: scores read in it cannot be flattered by a run aligned to a sibling of the first.
+    independent_net: str | None = None
     judged: bool = False  # samples are read back from their pixels (the shapes judge, prompt adherence)
     # -- a run's defaults (tinydit.train.resolve) --
     presets: tuple[tuple[str, str, str], ...] = ()  # (model, cond, preset): else the model's default preset
@@ -127,6 +130,7 @@ DATASETS: dict[str, DatasetRecord] = {r.name: r for r in (
     DatasetRecord(
         "shapes", _load_shapes, classes=SHAPES, captions="own",
         eval_key=f"shapes-r{RENDER_VERSION}-n10000", reference_size=10000, feature_net="shapes_cnn", judged=True,
+        independent_net="shapes_judge",
         # Class runs take the small model with pixel convolutions: their layout gains more from steps than
         # from depth, and the convolutions let neighbouring patches agree on an edge.
         presets=(("dit", "class", "dit-1.4m"),),

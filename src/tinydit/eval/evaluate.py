@@ -65,6 +65,7 @@ class EvalSpec:
     reference_size: int | None = None  # reference images to use (None: the whole split)
     classes: tuple[str, ...] = ()  # the data set's class names, in label order
     img_size: int | None = None  # an image folder's side as trained (its reference is decoded at it)
+    independent_net: str | None = None  # a second offline network, independent of the first and of alignment
 
 
 def eval_spec(data: str | EvalSpec, img_size: int | None = None) -> EvalSpec:
@@ -93,6 +94,7 @@ def spec_for(name: str, img_size: int | None = None) -> EvalSpec:
         record.reference_size,
         record.classes,
         None if name in DATASETS else record.img_size,
+        record.independent_net,
     )
 
 
@@ -196,8 +198,11 @@ def evaluate(
     inception_weights: str | Path | None = None,
     kid_subsets: int = 100,
     kid_subset_size: int = 1000,
+    independent: bool = True,
 ) -> dict:
-    """All metrics for ``samples`` against the ``split`` of ``data``, as a flat JSON-ready dict."""
+    """All metrics for ``samples`` against the ``split`` of ``data``, as a flat JSON-ready dict: in the data
+    set's feature network and, with ``independent`` (default), in its independent one where it has one
+    (``DatasetRecord.independent_net``)."""
     started = time.perf_counter()
     spec = eval_spec(data, img_size=int(max(samples.shape[-2:])))  # an image folder at the samples' size
     fake = to_eval_images(samples, spec)
@@ -215,10 +220,11 @@ def evaluate(
         )
     out: dict = {}
     nets: dict = {}
-    if spec.feature_net is not None:
-        kid_sizes = (kid_subsets, kid_subset_size)
-        metrics, nets[spec.feature_net] = _offline_metrics(fake, y, split, spec, cache_dir, root, kid_sizes)
-        out.update(metrics)
+    for net in (spec.feature_net, spec.independent_net if independent else None):  # the first: the headline
+        if net is not None:
+            kid_sizes = (kid_subsets, kid_subset_size)
+            metrics, nets[net] = _offline_metrics(fake, y, split, spec, net, cache_dir, root, kid_sizes)
+            out.update(metrics)
     if inception or inception_weights:
         ex = InceptionFeatures(inception_weights)
         real, ref = reference_features(spec, split, ex, cache_dir, root)
@@ -236,11 +242,11 @@ def evaluate(
 
 
 def _offline_metrics(
-    fake, y, split: str, spec: EvalSpec, cache_dir, root, kid_sizes: tuple[int, int]
+    fake, y, split: str, spec: EvalSpec, net: str, cache_dir, root, kid_sizes: tuple[int, int]
 ) -> tuple[dict, dict]:
-    """FID, KID, precision/recall and class consistency in the data set's feature network space, and the
-    network's record (its hash, accuracy and the reference it was computed on)."""
-    ex = _OfflineExtractor(spec.feature_net)
+    """FID, KID, precision/recall and class consistency in the feature space of the shipped network ``net``,
+    and the network's record (its hash, accuracy and the reference it was computed on)."""
+    ex = _OfflineExtractor(net)
     real, ref = reference_features(spec, split, ex, cache_dir, root)
     fake_feats = ex(fake)
     tag = ex.name

@@ -155,7 +155,9 @@ def score_model(
     were measured under (``tinydit.eval.protocol``; ``precision``: what the caller samples in)."""
     x, labels, info = sample_for_eval(model, target, n, settings, seed, progress=progress)
     spec = spec_for(target.data, x.shape[-1])  # an image folder's reference at the size it trained at
-    metrics = evaluate(x.float(), labels, spec, root=root, cache_dir=cache_dir)
+    # best.pt is chosen by the headline network or the strict judge; the independent network reads a final
+    # checkpoint (tinydit eval) and would only add its cost and five more curves to every evaluation here
+    metrics = evaluate(x.float(), labels, spec, root=root, cache_dir=cache_dir, independent=False)
     measured = {**metrics, **info, "sampler": settings.filled().to_json(), "precision": precision}
     numbers = {k: v for k, v in {**metrics, **info}.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     return {**numbers, "protocol": describe_protocol(protocol_of(measured))}

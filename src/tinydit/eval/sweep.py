@@ -196,7 +196,8 @@ def _score_point(
     started = time.perf_counter()
     res = generate(model, y, settings, seed, batch_size)
     seconds = time.perf_counter() - started
-    metrics = evaluate(res.x, labels, spec, split=split, root=root, cache_dir=cache_dir)
+    # a setting is chosen by the headline network's FID (or the strict judge): the independent one stays out
+    metrics = evaluate(res.x, labels, spec, split=split, root=root, cache_dir=cache_dir, independent=False)
     scores = {k: v for k, v in metrics.items() if not isinstance(v, dict)}
     return {
         **point,
