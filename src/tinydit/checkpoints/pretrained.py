@@ -307,6 +307,7 @@ def model_card(config: dict, n_params: int) -> str:
         "",
         "```python",
         "import tinydit",
+        "",  # as a formatter writes it: the card's code is checked like the package's
         f'model = tinydit.from_pretrained("THIS_FOLDER")  # the {kind}, in eval mode; or api.sample("THIS_FOLDER")',
         "```",
         "",
