@@ -63,8 +63,8 @@ def test_sample_pretrained_draws_without_training_and_an_unknown_name_is_exit_2(
 
 def test_pretrained_shapes_says_its_settings_in_one_short_line():
     assert api.sampling_note(reference_folder("shapes")) == (
-        "sampling with ancestral, 64 steps, guidance 50 on t in [0.8, 1], eta 1: the checkpoint's recorded settings "
-        "(the best of nine settings by the strict shapes judge)"
+        "sampling with ancestral, 64 steps, guidance 10 on t in [0.8, 1], eta 1: the checkpoint's recorded settings "
+        "(chosen by precision and recall together, both above guidance 50's in shapes_cnn)"
     )
 
 
