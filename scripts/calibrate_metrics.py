@@ -43,7 +43,10 @@ def main() -> None:
         f"torch {torch.__version__}, {datetime.date.today()}"
     )
     print(f"command: python scripts/calibrate_metrics.py {' '.join(sys.argv[1:])}")
-    results = [(name, evaluate(images, labels, args.data)) for name, images in rows]
+    results = []
+    for name, images in rows:  # every row is read in each network, then one table per network
+        results.append((name, evaluate(images, labels, args.data)))
+        print(f"evaluated: {name}", file=sys.stderr, flush=True)
     for tag in results[0][1]["feature_nets"]:
         print()
         print(f"| images | fid_{tag} | kid_{tag} (x1000) | precision | recall | class consistency |")

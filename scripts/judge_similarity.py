@@ -30,7 +30,6 @@ import torch
 from torch import nn
 
 from tinydit.data import load_dataset
-from tinydit.data.registry import DATASETS
 from tinydit.errors import TinyDiTError
 from tinydit.eval.evaluate import eval_spec, to_eval_images
 from tinydit.eval.features import FeatureNet, load_feature_net
@@ -72,7 +71,7 @@ def measure(data: str, n: int) -> dict[str, float]:
         "control: eval vs random init, pooled": linear_cka(j["pooled"], r["pooled"]),
         "control: eval, first vs last block": linear_cka(j["first"], j["pooled"]),
     }
-    other = DATASETS[data].independent_net
+    other = eval_spec(data).independent_net
     if other is not None:
         i = layers(load_feature_net(other)[0], x)  # the same grid of cells as the others': rows match
         results |= {

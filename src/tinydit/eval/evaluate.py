@@ -220,9 +220,9 @@ def evaluate(
         )
     out: dict = {}
     nets: dict = {}
+    kid_sizes = (kid_subsets, kid_subset_size)
     for net in (spec.feature_net, spec.independent_net if independent else None):  # the first: the headline
         if net is not None:
-            kid_sizes = (kid_subsets, kid_subset_size)
             metrics, nets[net] = _offline_metrics(fake, y, split, spec, net, cache_dir, root, kid_sizes)
             out.update(metrics)
     if inception or inception_weights:
